@@ -1,0 +1,75 @@
+"""Accumulated-update algorithms: AGN (Hermans et al., ACML 2017) and DOWNPOUR.
+
+Each worker starts from the weights it pulled, takes ``window`` steps with a
+local optimizer (Adam by default, as in the paper), and commits the change
+it made. AGN divides the change by the window (a scalar: the update is
+*averaged*, not L2-normalised); DOWNPOUR commits it as it is. The server adds
+the commit: there is no server learning rate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from . import local_opt
+from .base import Algorithm, check_nonnegative, check_positive, param
+
+
+@dataclass(frozen=True)
+class CommitAlgorithm(Algorithm):
+    window: int = param(10, "local steps between two commits (the communication window lambda)", "--window")
+    local_opt: str = param("adam", "the worker's local optimizer", "--local-opt", local_opt.LOCAL_OPTIMIZERS)
+    local_momentum: float = param(0.0, "momentum of the local 'sgd' optimizer", "--local-momentum")
+    weight_decay: float = param(0.0, "L2 weight decay inside the local optimizer", "--weight-decay")
+
+    normalise: ClassVar[bool] = False  # AGN divides the commit by the window
+
+    def validate(self):
+        super().validate()
+        check_positive(self, "window")
+        check_nonnegative(self, "weight_decay", "local_momentum")
+        if not isinstance(self.window, int):
+            raise ValueError(f"{self.name}: window must be an integer, got {self.window!r}")
+
+    @property
+    def steps_per_message(self) -> int:
+        return self.window
+
+    def worker_init(self, w0, num_workers):
+        return {"opt": local_opt.init(self.local_opt, w0, self.local_momentum)}
+
+    def local_steps(self, state: dict, w, grad_fn, lr: float) -> float:
+        """``window`` local optimizer steps on ``w`` in place; the mean loss."""
+        total = 0.0
+        for _ in range(self.window):
+            loss, g = grad_fn(w)
+            local_opt.step(self.local_opt, state["opt"], w, g, lr,
+                           momentum=self.local_momentum, weight_decay=self.weight_decay)
+            total += loss
+        return total / self.window
+
+    def worker_compute(self, state, pulled, grad_fn, lr):
+        w = pulled.clone()
+        loss = self.local_steps(state, w, grad_fn, lr)
+        delta = w.sub_(pulled)
+        if self.normalise:
+            delta.div_(self.window)
+        return loss, delta
+
+    def server_delta(self, state, w, worker, msg, tau, lr, out):
+        out.copy_(msg)
+
+
+@dataclass(frozen=True)
+class AGN(CommitAlgorithm):
+    name = "agn"
+    summary = "accumulated gradient normalisation (Hermans et al. 2017): commit the local change divided by the window"
+    rule = "worker: window local steps from the pulled w, commit (w_local - w_pulled)/window;  server: w <- w + commit"
+    normalise = True
+
+
+@dataclass(frozen=True)
+class Downpour(CommitAlgorithm):
+    name = "downpour"
+    summary = "DOWNPOUR (Dean et al. 2012): commit the accumulated local change, un-normalised"
+    rule = "worker: window local steps from the pulled w, commit (w_local - w_pulled);  server: w <- w + commit"

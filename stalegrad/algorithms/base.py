@@ -1,0 +1,149 @@
+"""The algorithm interface: pure math on flat float32 parameter vectors.
+
+An algorithm has a worker side and a server side, and nothing else: no I/O,
+no transport, no clocks. Runtimes (simulator, local processes, Ray) move the
+messages; the parameter server (``stalegrad.server``) keeps the state.
+
+Worker side
+    ``worker_init(w0, num_workers)``           -> per-worker state (a dict)
+    ``worker_compute(state, pulled, grad_fn, lr)`` -> (mean loss, computed)
+    ``worker_finish(state, pulled, computed)``  -> the message to push
+
+    ``pull_before_compute`` says when the worker pulls: before its local steps
+    (gradient and commit algorithms) or after them (elastic averaging, which
+    pulls the centre only to compute the elastic difference).
+
+Server side
+    ``server_init(w, num_workers)``            -> server state (a dict)
+    ``on_pull(state, worker, w)``              -> record what the worker pulled
+    ``server_delta(state, w, worker, msg, tau, lr, out)``
+        write into ``out`` the amount to *add* to ``w`` (asynchronous rules)
+    ``round_delta(state, w, msgs, lr, out)``
+        the same for synchronous rules, given one message per live worker
+
+The server checks ``out`` for NaN/Inf before adding it, so a rule never needs
+to guard its own arithmetic. Rules must not modify ``w`` themselves.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import torch
+from torch import Tensor
+
+# grad_fn(weights) -> (mini-batch loss, flat gradient). The gradient tensor may
+# be a view of a buffer that the next call overwrites: consume it first.
+GradFn = Callable[[Tensor], "tuple[float, Tensor]"]
+
+
+def param(default, help: str, flag: str | None = None, choices: tuple | None = None):
+    """A documented hyper-parameter: default, help text, CLI flag, choices."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    rule: ClassVar[str] = ""          # the update rule, in one or two lines of text
+    synchronous: ClassVar[bool] = False
+    pull_before_compute: ClassVar[bool] = True
+    sequential: ClassVar[bool] = False  # exactly one worker
+
+    # ---- introspection (CLI, docs, config) ---------------------------------
+    @classmethod
+    def hyperparameters(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad hyper-parameter and the fix."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise ValueError(f"{self.name}: {f.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+    @property
+    def steps_per_message(self) -> int:
+        return 1
+
+    # ---- worker side --------------------------------------------------------
+    def worker_init(self, w0: Tensor, num_workers: int) -> dict:
+        return {}
+
+    def worker_compute(self, state: dict, pulled: Tensor | None, grad_fn: GradFn, lr: float) -> "tuple[float, object]":
+        """Run the local steps; return (mean mini-batch loss, computed)."""
+        raise NotImplementedError
+
+    def worker_finish(self, state: dict, pulled: Tensor | None, computed):
+        return computed
+
+    # ---- server side --------------------------------------------------------
+    def server_init(self, w: Tensor, num_workers: int) -> dict:
+        return {}
+
+    def on_pull(self, state: dict, worker: int, w: Tensor) -> None:
+        pass
+
+    def server_delta(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float, out: Tensor) -> None:
+        raise NotImplementedError(f"{self.name} is synchronous: use round_delta")
+
+    def round_delta(self, state: dict, w: Tensor, msgs: dict[int, Tensor], lr: float, out: Tensor) -> None:
+        raise NotImplementedError(f"{self.name} is asynchronous: use server_delta")
+
+
+def check_positive(algo: Algorithm, *names: str) -> None:
+    for n in names:
+        v = getattr(algo, n)
+        if not v > 0:
+            raise ValueError(f"{algo.name}: {n} must be > 0, got {v!r}")
+
+
+def check_nonnegative(algo: Algorithm, *names: str) -> None:
+    for n in names:
+        v = getattr(algo, n)
+        if not v >= 0:
+            raise ValueError(f"{algo.name}: {n} must be >= 0, got {v!r}")
+
+
+# --------------------------------------------------------------------------
+# Shared pieces of the gradient-push family (sgd, ssgd, asgd, dcasgd-*):
+# the worker sends the gradient of one mini-batch at the weights it pulled;
+# the server turns a (possibly corrected) gradient into a step with optional
+# heavy-ball momentum and L2 weight decay, in the order of torch.optim.SGD.
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GradientAlgorithm(Algorithm):
+    momentum: float = param(0.0, "server heavy-ball momentum, applied after the delay correction", "--momentum")
+    weight_decay: float = param(0.0, "L2 weight decay added to the (corrected) gradient on the server", "--weight-decay")
+
+    def validate(self) -> None:
+        super().validate()
+        check_nonnegative(self, "weight_decay")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"{self.name}: momentum must be in [0, 1), got {self.momentum!r}")
+
+    def worker_compute(self, state, pulled, grad_fn, lr):
+        loss, g = grad_fn(pulled)
+        return loss, g.clone()
+
+    def worker_finish(self, state, pulled, computed):
+        return computed
+
+    def server_init(self, w, num_workers):
+        return {"momentum_buffer": torch.zeros_like(w)} if self.momentum else {}
+
+    def sgd_step(self, state: dict, w: Tensor, direction: Tensor, lr: float, out: Tensor) -> None:
+        """out = -lr * (momentum buffer of direction + weight_decay * w)."""
+        if self.weight_decay:
+            direction = direction.add(w, alpha=self.weight_decay)
+        if self.momentum:
+            buf = state["momentum_buffer"]
+            buf.mul_(self.momentum).add_(direction)
+            direction = buf
+        torch.mul(direction, -lr, out=out)

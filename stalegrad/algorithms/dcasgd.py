@@ -1,0 +1,83 @@
+"""DC-ASGD (Zheng et al., ICML 2017): delay-compensated asynchronous SGD.
+
+The server corrects a stale gradient with the diagonal of the first-order
+Taylor term, using the weights that *this* worker pulled (w_bak[m], one
+snapshot per worker, taken at pull time as in the paper's Algorithm 2):
+
+    g_dc = g + lam * g*g*(w - w_bak[m])
+
+DC-ASGD-a makes lam element-wise, lam0 / sqrt(ms[m] + eps), with one
+MeanSquare ms[m] per worker, updated *before* it is used (the order of the
+authors' dcasgda_updater.h). Momentum and weight decay, when enabled, act on
+g_dc afterwards (see GradientAlgorithm.sgd_step): the Taylor term corrects the
+loss gradient only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import GradientAlgorithm, check_nonnegative, check_positive, param
+
+
+class _DelayCompensated(GradientAlgorithm):
+    def server_init(self, w, num_workers):
+        state = super().server_init(w, num_workers)
+        # One snapshot per worker: the weights it pulled. Never shared.
+        state["w_bak"] = [w.clone() for _ in range(num_workers)]
+        return state
+
+    def on_pull(self, state, worker, w):
+        state["w_bak"][worker].copy_(w)
+
+
+@dataclass(frozen=True)
+class DCASGDConstant(_DelayCompensated):
+    name = "dcasgd-c"
+    summary = "DC-ASGD with constant lambda (Zheng et al. 2017)"
+    rule = "w <- w - lr*(g + lam*g*g*(w - w_bak[m]))"
+    lam: float = param(0.04, "variance-control parameter lambda of the delay compensation", "--lam")
+
+    def validate(self):
+        super().validate()
+        check_nonnegative(self, "lam")
+
+    def server_delta(self, state, w, worker, msg, tau, lr, out):
+        g = msg
+        # out = g + lam * g*g*(w - w_bak)
+        torch.sub(w, state["w_bak"][worker], out=out)
+        out.mul_(g).mul_(g).mul_(self.lam).add_(g)
+        self.sgd_step(state, w, out, lr, out)
+
+
+@dataclass(frozen=True)
+class DCASGDAdaptive(_DelayCompensated):
+    name = "dcasgd-a"
+    summary = "DC-ASGD with adaptive, element-wise lambda and a MeanSquare per worker (Zheng et al. 2017)"
+    rule = ("ms[m] <- mom*ms[m] + (1-mom)*g*g;  "
+            "w <- w - lr*(g + lam0/sqrt(ms[m]+eps) * g*g*(w - w_bak[m]))")
+    lam0: float = param(2.0, "lambda_0 of the adaptive lambda", "--lam0")
+    ms_momentum: float = param(0.95, "momentum m of the per-worker MeanSquare", "--ms-momentum")
+    eps: float = param(1e-7, "epsilon inside the square root", "--eps")
+
+    def validate(self):
+        super().validate()
+        check_nonnegative(self, "lam0")
+        check_positive(self, "eps")
+        if not 0 <= self.ms_momentum < 1:
+            raise ValueError(f"{self.name}: ms_momentum must be in [0, 1), got {self.ms_momentum!r}")
+
+    def server_init(self, w, num_workers):
+        state = super().server_init(w, num_workers)
+        state["mean_square"] = [torch.zeros_like(w) for _ in range(num_workers)]
+        return state
+
+    def server_delta(self, state, w, worker, msg, tau, lr, out):
+        g = msg
+        ms = state["mean_square"][worker]
+        ms.mul_(self.ms_momentum).addcmul_(g, g, value=1 - self.ms_momentum)
+        # out = g + lam0/sqrt(ms+eps) * g*g*(w - w_bak)
+        torch.sub(w, state["w_bak"][worker], out=out)
+        out.mul_(g).mul_(g).mul_(self.lam0).div_(ms.add(self.eps).sqrt_()).add_(g)
+        self.sgd_step(state, w, out, lr, out)

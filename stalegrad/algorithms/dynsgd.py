@@ -1,0 +1,23 @@
+"""DynSGD (Jiang et al., SIGMOD 2017): staleness-scaled accumulated commits.
+
+Workers commit un-normalised accumulated updates, as in DOWNPOUR. The server
+scales each commit by 1/(tau+1), tau being the number of server updates since
+that worker's last pull (dist-keras: ``du = num_updates - last_update + 1``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .agn import CommitAlgorithm
+
+
+@dataclass(frozen=True)
+class DynSGD(CommitAlgorithm):
+    name = "dynsgd"
+    summary = "DynSGD (Jiang et al. 2017): the server scales each accumulated commit by 1/(tau+1)"
+    rule = "worker: as downpour;  server: w <- w + commit/(tau+1)"
+
+    def server_delta(self, state, w, worker, msg, tau, lr, out):
+        torch.div(msg, tau + 1, out=out)

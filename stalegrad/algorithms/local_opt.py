@@ -1,0 +1,46 @@
+"""Worker-side local optimizers on flat vectors, as (init, step) pairs.
+
+The commit algorithms (agn, downpour, dynsgd, easgd, aeasgd) take several local
+steps between two messages. Their optimizer state lives on the worker and is
+kept across pulls, as in dist-keras, where the Keras optimizer is never reset.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+LOCAL_OPTIMIZERS = ("adam", "sgd")
+
+
+def init(name: str, w: Tensor, momentum: float = 0.0) -> dict:
+    if name == "adam":
+        return {"step": 0, "m": torch.zeros_like(w), "v": torch.zeros_like(w)}
+    if name == "sgd":
+        return {"buf": torch.zeros_like(w)} if momentum else {}
+    raise ValueError(f"unknown local optimizer {name!r}; choose one of {', '.join(LOCAL_OPTIMIZERS)}")
+
+
+def step(name: str, state: dict, w: Tensor, g: Tensor, lr: float, *, momentum: float = 0.0,
+         weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+    """One in-place step on ``w``. Adam follows torch.optim.Adam (L2 weight decay)."""
+    if weight_decay:
+        g = g.add(w, alpha=weight_decay)
+    if name == "sgd":
+        if momentum:
+            buf = state["buf"]
+            buf.mul_(momentum).add_(g)
+            g = buf
+        w.add_(g, alpha=-lr)
+        return
+    b1, b2 = betas
+    state["step"] += 1
+    t = state["step"]
+    m, v = state["m"], state["v"]
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    bias1 = 1 - b1 ** t
+    bias2 = 1 - b2 ** t
+    denom = (v / bias2).sqrt_().add_(eps)
+    w.addcdiv_(m, denom, value=-lr / bias1)

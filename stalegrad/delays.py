@@ -1,0 +1,177 @@
+"""Delay models of the simulator: how long each worker computes.
+
+A model gives the virtual duration of one local step of a worker; the
+simulator multiplies it by the steps in a message and by ``step_time``.
+All randomness comes from the ``random.Random`` the simulator passes in, so a
+seed fixes the whole schedule.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+DELAY_MODELS = ("uniform", "gamma:SHAPE", "exponential", "heterogeneous:sqrt|linear", "straggler:K", "trace:FILE")
+
+
+class DelayModel:
+    spec = ""
+
+    def factor(self, worker: int, rng: random.Random) -> float:
+        raise NotImplementedError
+
+
+@dataclass
+class Uniform(DelayModel):
+    """Equal speeds: round robin, staleness exactly M-1 once warm."""
+    spec: str = "uniform"
+
+    def factor(self, worker, rng):
+        return 1.0
+
+
+@dataclass
+class Gamma(DelayModel):
+    """i.i.d. compute times, Gamma(shape, 1/shape): mean 1, variance 1/shape."""
+    shape: float = 1.0
+    spec: str = ""
+
+    def factor(self, worker, rng):
+        return rng.gammavariate(self.shape, 1.0 / self.shape)
+
+
+@dataclass
+class Exponential(DelayModel):
+    """i.i.d. exponential compute times with mean 1 (memoryless)."""
+    spec: str = "exponential"
+
+    def factor(self, worker, rng):
+        return rng.expovariate(1.0)
+
+
+@dataclass
+class Heterogeneous(DelayModel):
+    """Fixed per-worker step times: worker i (1-based) takes sqrt(i) or i."""
+    kind: str = "sqrt"
+    spec: str = ""
+
+    def factor(self, worker, rng):
+        i = worker + 1
+        return math.sqrt(i) if self.kind == "sqrt" else float(i)
+
+
+@dataclass
+class Straggler(DelayModel):
+    """Equal speeds except the last worker, ``slowdown`` times slower."""
+    slowdown: float = 10.0
+    num_workers: int = 1
+    spec: str = ""
+
+    def factor(self, worker, rng):
+        return self.slowdown if worker == self.num_workers - 1 else 1.0
+
+
+@dataclass
+class Trace(DelayModel):
+    """Replay a recorded order of pushes.
+
+    The file is a CSV with a header and at least a ``worker`` column; the
+    local runtime also writes ``pulled`` (the version the worker pulled for
+    that push), ``applied`` and ``wall_s``. With ``pulled``, the replay makes
+    each worker pull exactly when the server reaches that version, so the
+    sequence of tau is reproduced exactly. A file of bare worker ids, one per
+    line, also works: each worker then pulls right after its push.
+    """
+    path: Path = Path()
+    workers: list[int] = field(default_factory=list)
+    pulled: list[int] | None = None
+    wall_s: list[float] | None = None
+    spec: str = ""
+
+    def factor(self, worker, rng):
+        # Only used by synchronous algorithms: a worker's mean recorded step.
+        return self.mean_gap.get(worker, 1.0)
+
+    @property
+    def mean_gap(self) -> dict[int, float]:
+        if self.wall_s is None:
+            return {}
+        last, gaps = {}, {}
+        for w, t in zip(self.workers, self.wall_s):
+            if w in last:
+                gaps.setdefault(w, []).append(t - last[w])
+            last[w] = t
+        means = {w: sum(g) / len(g) for w, g in gaps.items() if g}
+        scale = sum(means.values()) / len(means) if means else 1.0
+        return {w: (g / scale if scale > 0 else 1.0) for w, g in means.items()}
+
+
+def read_trace(path: str | Path) -> Trace:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"--delay trace:{path}: cannot read the trace ({e.strerror}); record one with "
+                         "'stalegrad train --runtime local --record-trace FILE'") from None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"--delay trace:{path}: the trace is empty")
+    try:
+        if lines[0].strip().lstrip("-").isdigit():
+            return Trace(path=path, workers=[int(ln) for ln in lines], spec=f"trace:{path}")
+        rows = list(csv.DictReader(lines))
+        if not rows or "worker" not in rows[0]:
+            raise ValueError("no 'worker' column")
+        workers = [int(r["worker"]) for r in rows]
+        pulled = [int(r["pulled"]) for r in rows] if "pulled" in rows[0] else None
+        wall = [float(r["wall_s"]) for r in rows] if "wall_s" in rows[0] else None
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"--delay trace:{path}: malformed trace ({e}); expected a CSV with columns "
+                         "worker[,pulled,applied,wall_s] or one worker id per line") from None
+    if any(w < 0 for w in workers):
+        raise ValueError(f"--delay trace:{path}: negative worker id")
+    return Trace(path=path, workers=workers, pulled=pulled, wall_s=wall, spec=f"trace:{path}")
+
+
+def parse_delay(spec: str, num_workers: int) -> DelayModel:
+    """Parse ``--delay``; ValueError with a one-line message on bad input."""
+    name, _, arg = spec.partition(":")
+    bad = (f"--delay {spec!r} is not a delay model; use one of uniform, gamma:SHAPE, exponential, "
+           "heterogeneous:sqrt|linear, straggler:K, trace:FILE")
+    if name == "uniform" and not arg:
+        return Uniform()
+    if name == "exponential" and not arg:
+        return Exponential()
+    if name == "gamma":
+        shape = _positive_float(arg, spec, "SHAPE")
+        return Gamma(shape=shape, spec=spec)
+    if name == "heterogeneous":
+        if arg not in ("sqrt", "linear"):
+            raise ValueError(f"--delay {spec!r}: heterogeneous takes sqrt or linear, e.g. heterogeneous:sqrt")
+        return Heterogeneous(kind=arg, spec=spec)
+    if name == "straggler":
+        k = _positive_float(arg, spec, "K")
+        return Straggler(slowdown=k, num_workers=num_workers, spec=spec)
+    if name == "trace":
+        if not arg:
+            raise ValueError("--delay trace needs a file: trace:FILE")
+        trace = read_trace(arg)
+        if max(trace.workers) >= num_workers:
+            raise ValueError(f"--delay {spec}: the trace names worker {max(trace.workers)} but the run has "
+                             f"{num_workers} workers; pass --workers {max(trace.workers) + 1}")
+        return trace
+    raise ValueError(bad)
+
+
+def _positive_float(arg: str, spec: str, what: str) -> float:
+    try:
+        v = float(arg)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"--delay {spec!r}: {what} must be a positive number, e.g. {spec.split(':')[0]}:2")
+    return v
+

@@ -1,0 +1,142 @@
+"""The worker side: a model over one flat weight vector, mini-batch streams,
+and the worker loop (pull, local steps, message) shared by every runtime.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .algorithms import Algorithm
+
+PARTITIONS = ("shard", "iid")
+
+
+class FlatModel:
+    """A module whose parameters are views into one contiguous vector.
+
+    Loading weights is one memory copy into ``flat``; the gradient of a
+    mini-batch lands in ``grad``, also one contiguous vector, because every
+    ``param.grad`` is a view of it and autograd accumulates in place.
+    """
+
+    def __init__(self, module: nn.Module, device: str | torch.device = "cpu"):
+        self.module = module.to(device)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        total = sum(p.numel() for p in params)
+        self.flat = torch.empty(total, dtype=torch.float32, device=device)
+        self.grad = torch.zeros(total, dtype=torch.float32, device=device)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.flat[offset:offset + n].view_as(p)
+            p.grad = self.grad[offset:offset + n].view_as(p)
+            offset += n
+        self.numel = total
+
+    def load(self, w: Tensor) -> None:
+        if w.data_ptr() != self.flat.data_ptr():
+            self.flat.copy_(w)
+
+    def loss_and_grad(self, w: Tensor, x: Tensor, y: Tensor) -> tuple[float, Tensor]:
+        """Mini-batch loss and gradient at weights ``w`` (returns a view of ``grad``)."""
+        self.load(w)
+        self.module.train()
+        self.grad.zero_()
+        loss = F.cross_entropy(self.module(x), y)
+        loss.backward()
+        return loss.item(), self.grad
+
+    @torch.no_grad()
+    def evaluate(self, w: Tensor, x: Tensor, y: Tensor, batch_size: int = 1000) -> tuple[float, float]:
+        """(mean loss, accuracy) of weights ``w`` on a whole data set."""
+        self.load(w)
+        self.module.eval()
+        loss_sum, correct = 0.0, 0
+        for i in range(0, len(y), batch_size):
+            logits = self.module(x[i:i + batch_size])
+            target = y[i:i + batch_size]
+            loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
+            correct += (logits.argmax(1) == target).sum().item()
+        return loss_sum / len(y), correct / len(y)
+
+
+class BatchStream:
+    """An endless, deterministic stream of mini-batch indices for one worker.
+
+    ``shard``: the worker owns a disjoint slice of a fixed permutation of the
+    training set (dist-keras' partitions) and reshuffles it at every pass.
+    ``iid``: every pass is a fresh permutation of the whole set.
+    """
+
+    def __init__(self, num_samples: int, worker: int, num_workers: int, batch_size: int,
+                 partition: str = "shard", seed: int = 0):
+        if partition not in PARTITIONS:
+            raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
+        split = torch.Generator().manual_seed(seed)
+        order = torch.randperm(num_samples, generator=split)
+        if partition == "shard":
+            self.pool = order.tensor_split(num_workers)[worker].clone()
+        else:
+            self.pool = torch.arange(num_samples)
+        if batch_size > len(self.pool):
+            raise ValueError(f"batch size {batch_size} is larger than worker {worker}'s {len(self.pool)} samples; "
+                             "lower --batch-size or --workers, or use --partition iid")
+        self.batch_size = batch_size
+        self.rng = torch.Generator().manual_seed(seed * 1_000_003 + worker + 1)
+        self.order = self.pool[torch.randperm(len(self.pool), generator=self.rng)]
+        self.pos = 0
+
+    def next(self) -> Tensor:
+        if self.pos + self.batch_size > len(self.order):
+            # Start a new pass; the tail of the old one opens the next batch.
+            rest = self.order[self.pos:]
+            self.order = torch.cat([rest, self.pool[torch.randperm(len(self.pool), generator=self.rng)]])
+            self.pos = 0
+        idx = self.order[self.pos:self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return idx
+
+    def state_dict(self) -> dict:
+        return {"order": self.order, "pos": self.pos, "rng": self.rng.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order, self.pos = state["order"], state["pos"]
+        self.rng.set_state(state["rng"])
+
+
+class Worker:
+    """One worker: its algorithm state, its mini-batches, and the model it uses.
+
+    The loop every runtime runs, split where a runtime may wait in between:
+    ``begin(pulled)`` before the local computation, ``finish(pulled)`` after.
+    """
+
+    def __init__(self, worker_id: int, algorithm: Algorithm, model: FlatModel, x: Tensor, y: Tensor,
+                 stream: BatchStream, w0: Tensor, num_workers: int):
+        self.id = worker_id
+        self.algorithm = algorithm
+        self.model = model
+        self.x, self.y = x, y
+        self.stream = stream
+        self.state = algorithm.worker_init(w0, num_workers)
+        self.pulled: Tensor | None = None
+        self.last_loss = float("nan")
+
+    @property
+    def samples_per_message(self) -> int:
+        return self.algorithm.steps_per_message * self.stream.batch_size
+
+    def grad_fn(self, w: Tensor) -> tuple[float, Tensor]:
+        idx = self.stream.next().to(self.x.device, non_blocking=True)
+        return self.model.loss_and_grad(w, self.x[idx], self.y[idx])
+
+    def compute(self, pulled: Tensor | None, lr: float):
+        self.last_loss, computed = self.algorithm.worker_compute(self.state, pulled, self.grad_fn, lr)
+        return computed
+
+    def message(self, pulled: Tensor | None, computed) -> Tensor:
+        return self.algorithm.worker_finish(self.state, pulled, computed)
