@@ -181,8 +181,8 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
           runtime=None, *, epochs: float = 1.0, batch_size: int = 128, lr: float | None = None,
           lr_milestones: tuple[float, ...] = (), lr_gamma: float = 0.1, eval_every: float = 1.0,
           partition: str = "shard", seed: int = 0, device: str = "cpu", on_nonfinite: str = "skip",
-          on_eval: Callable[[dict], None] | None = None, progress: bool = False,
-          config: dict | None = None) -> TrainResult:
+          on_start: Callable[[dict], None] | None = None, on_eval: Callable[[dict], None] | None = None,
+          progress: bool = False, config: dict | None = None) -> TrainResult:
     """Train ``model`` with ``algorithm`` on ``workers`` workers; return the metrics.
 
     ``model`` is a ``torch.nn.Module``, a zero-argument factory, or a model
@@ -224,6 +224,8 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
         "train_samples": len(train_data.y), "test_samples": len(test_data.y),
     }
     resolved.update(config or {})
+    if on_start is not None:
+        on_start(resolved)
     bar = None
     if progress:
         from tqdm.auto import tqdm

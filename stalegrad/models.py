@@ -1,0 +1,257 @@
+"""Model zoo: the networks the papers we reproduce train, sized from the data.
+
+Every model is built from the dataset's per-sample ``input_shape`` and its
+``num_classes`` and returns raw logits of shape ``(N, num_classes)``; the
+caller applies cross-entropy. The library accepts any ``torch.nn.Module``, so
+these are conveniences, not a registry that must be extended.
+
+    logreg    flatten + Linear
+    mlp       flatten + Linear/ReLU stack (``hidden``, default (256, 128))
+    agn-mlp   the AGN paper's 1000-2000-1000 ReLU MLP
+    cnn       small LeNet-style convnet for (C,H,W) images, H,W >= 8
+    resnet20  CIFAR ResNet-20 (He et al. 2016), option-A shortcuts
+
+Initialisation uses PyTorch's defaults (Kaiming-normal for ResNet-20 convs,
+as in the paper) and draws from the global RNG, so ``torch.manual_seed``
+before ``build_model`` fixes the initial weights. We never seed here: the
+caller owns reproducibility, and seeding inside would silently make every
+run of a sweep start from the same point.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["MODELS", "ModelError", "ResNet20", "build_model", "count_parameters"]
+
+MODELS = ("logreg", "mlp", "agn-mlp", "cnn", "resnet20")
+
+DEFAULT_MLP_HIDDEN = (256, 128)
+AGN_MLP_HIDDEN = (1000, 2000, 1000)
+# Both conv nets halve the spatial size twice; below 8x8 the last feature map
+# would be 1x1 or empty, which is no longer the architecture being named.
+MIN_IMAGE_SIDE = 8
+
+_TAKES_HIDDEN = ("mlp",)
+
+
+class ModelError(ValueError):
+    """One-line user-facing message: which model, which dataset shape, why it
+    cannot fit, what to use instead."""
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters (not buffers such as BatchNorm running
+    statistics, which are never sent as gradients)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_model(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    hidden: Sequence[int] | None = None,
+) -> nn.Module:
+    """Build model ``name`` for samples of shape ``input_shape`` (without the
+    batch dimension) and ``num_classes`` classes. Raises ModelError when the
+    model cannot be built for that data."""
+    if name not in MODELS:
+        raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    shape = _check_input_shape(name, input_shape)
+    _check_num_classes(name, num_classes)
+    if hidden is not None and name not in _TAKES_HIDDEN:
+        fix = ("its sizes are fixed by the AGN paper" if name == "agn-mlp"
+               else "its architecture is fixed")
+        raise ModelError(
+            f"model {name!r} does not take hidden sizes ({fix}); "
+            f"drop hidden=, or use mlp for custom hidden sizes")
+
+    in_features = math.prod(shape)
+    if name == "logreg":
+        return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+    if name == "mlp":
+        sizes = DEFAULT_MLP_HIDDEN if hidden is None else _check_hidden(hidden)
+        return _mlp(in_features, sizes, num_classes)
+    if name == "agn-mlp":
+        return _mlp(in_features, AGN_MLP_HIDDEN, num_classes)
+
+    channels, height, width = _check_image(name, shape)
+    if name == "cnn":
+        return _cnn(channels, height, width, num_classes)
+    return ResNet20(channels, num_classes)
+
+
+# --- argument checks ---------------------------------------------------------
+
+def _fmt_shape(shape: Sequence[int]) -> str:
+    # "(32,)" and "(1,8,8)": compact, and the same spelling users see in docs.
+    inner = ",".join(str(d) for d in shape)
+    return f"({inner},)" if len(shape) == 1 else f"({inner})"
+
+
+def _is_int(x: object) -> bool:
+    # bool is an int subclass, but hidden=(True,) is surely a mistake.
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_input_shape(name: str, input_shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        shape = tuple(input_shape)
+    except TypeError:
+        raise ModelError(
+            f"model {name!r}: input_shape must be a tuple of sizes such as (32,) "
+            f"or (3,32,32), got {input_shape!r}") from None
+    if not shape or not all(_is_int(d) and d > 0 for d in shape):
+        raise ModelError(
+            f"model {name!r}: input_shape must be a non-empty tuple of positive "
+            f"ints such as (32,) or (3,32,32), got {input_shape!r}")
+    return shape
+
+
+def _check_num_classes(name: str, num_classes: int) -> None:
+    if not _is_int(num_classes) or num_classes < 2:
+        raise ModelError(
+            f"model {name!r}: num_classes must be an int >= 2 for cross-entropy "
+            f"classification, got {num_classes!r}")
+
+
+def _check_hidden(hidden: Sequence[int]) -> tuple[int, ...]:
+    if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
+        raise ModelError(
+            f"model 'mlp': hidden must be a tuple of layer sizes such as (256, 128), "
+            f"got {hidden!r}")
+    sizes = tuple(hidden)
+    if not sizes:
+        raise ModelError(
+            "model 'mlp': hidden=() leaves no hidden layer; "
+            "use logreg for a single linear layer")
+    if not all(_is_int(h) and h > 0 for h in sizes):
+        raise ModelError(
+            f"model 'mlp': hidden sizes must be positive ints such as (256, 128), "
+            f"got {hidden!r}")
+    return sizes
+
+
+def _check_image(name: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(shape) == 1:
+        raise ModelError(
+            f"model {name!r} needs image input (C,H,W); dataset has flat input "
+            f"of shape {_fmt_shape(shape)}; use mlp or logreg")
+    if len(shape) != 3:
+        raise ModelError(
+            f"model {name!r} needs image input (C,H,W); dataset has input of shape "
+            f"{_fmt_shape(shape)}; reshape it to (C,H,W) or use mlp or logreg")
+    channels, height, width = shape
+    if height < MIN_IMAGE_SIDE or width < MIN_IMAGE_SIDE:
+        raise ModelError(
+            f"model {name!r} needs images of at least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} "
+            f"(it downsamples twice); dataset has input of shape {_fmt_shape(shape)}; "
+            f"use mlp or logreg")
+    return channels, height, width
+
+
+# --- fully connected ---------------------------------------------------------
+
+def _mlp(in_features: int, hidden: Sequence[int], num_classes: int) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = in_features
+    for size in hidden:
+        layers += [nn.Linear(width, size), nn.ReLU()]
+        width = size
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+# --- small convnet -----------------------------------------------------------
+
+def _cnn(channels: int, height: int, width: int, num_classes: int) -> nn.Sequential:
+    # Padded 3x3 convs keep the size and each 2x2 max-pool floors it by half,
+    # so after two stages an HxW image is (H//4)x(W//4), odd sizes included.
+    flat = 64 * (height // 4) * (width // 4)
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(flat, 128), nn.ReLU(),
+        nn.Linear(128, num_classes),
+    )
+
+
+# --- ResNet-20 ---------------------------------------------------------------
+
+class _BasicBlock(nn.Module):
+    """Two 3x3 conv-BN layers plus a parameter-free shortcut ("option A").
+
+    Option A keeps the shortcut free of weights, which is what gives the
+    paper's 0.27M parameters: when a block halves the resolution and widens
+    the channels, the shortcut subsamples every other pixel and pads the new
+    channels with zeros instead of using a 1x1 projection conv.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        # No conv bias: BatchNorm's beta right after makes it redundant.
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride,
+                               padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1,
+                               padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.stride = stride
+        self.extra_channels = out_channels - in_channels
+
+    def _shortcut(self, x: Tensor) -> Tensor:
+        if self.stride != 1:
+            # Picks the same pixels as a stride-2, padding-1 3x3 conv centres
+            # on, so the size is ceil(H/2) on both branches even for odd H.
+            x = x[:, :, ::self.stride, ::self.stride]
+        if self.extra_channels:
+            # F.pad lists dimensions from the last one backwards: (W, H, C).
+            x = F.pad(x, (0, 0, 0, 0, 0, self.extra_channels))
+        return x
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self._shortcut(x))
+
+
+class ResNet20(nn.Module):
+    """CIFAR ResNet-20: a 3x3 conv, then three stages of three basic blocks
+    with 16, 32 and 64 channels (stride 2 entering stages 2 and 3), global
+    average pooling and a linear classifier. 6n+2 layers with n=3."""
+
+    STAGE_CHANNELS = (16, 32, 64)
+    BLOCKS_PER_STAGE = 3
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        first = self.STAGE_CHANNELS[0]
+        self.conv = nn.Conv2d(in_channels, first, 3, stride=1, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(first)
+        blocks: list[nn.Module] = []
+        width = first
+        for stage, channels in enumerate(self.STAGE_CHANNELS):
+            for i in range(self.BLOCKS_PER_STAGE):
+                stride = 2 if stage > 0 and i == 0 else 1
+                blocks.append(_BasicBlock(width, channels, stride))
+                width = channels
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(width, num_classes)
+        # He et al. initialise convs as in their 2015 "delving deep" paper;
+        # PyTorch's default (Kaiming-uniform with a=sqrt(5)) is much narrower
+        # and trains this depth noticeably slower.
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn(self.conv(x)))
+        out = self.blocks(out)
+        out = torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
+        return self.fc(out)

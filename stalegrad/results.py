@@ -1,0 +1,111 @@
+"""Run directories: what ``--out DIR`` holds, written so a crash loses nothing.
+
+    config.json      the resolved configuration
+    metrics.jsonl    one JSON object per evaluation, appended as they happen
+    staleness.json   tau histogram, mean, max, per-worker figures
+    summary.json     final/best accuracy, times, updates, staleness, weights hash
+    model.pt         the final model (state_dict plus what rebuilds it)
+
+JSON files are written to a temporary file and renamed, so a reader never
+sees half a file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+RUN_FILES = ("config.json", "metrics.jsonl", "staleness.json", "summary.json", "model.pt")
+
+
+class OutputError(ValueError):
+    pass
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+class RunWriter:
+    """Owns one run directory for the duration of a run."""
+
+    def __init__(self, out: str | os.PathLike, overwrite: bool = False):
+        self.dir = Path(out)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise OutputError(f"--out {self.dir}: exists and is not a directory; choose another path")
+        existing = [f for f in RUN_FILES if (self.dir / f).exists()]
+        if existing and not overwrite:
+            raise OutputError(f"--out {self.dir}: already holds a run ({existing[0]}); "
+                              "pass --overwrite to replace it, or choose another directory")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"--out {self.dir}: cannot create the directory ({e.strerror})") from None
+        if existing:
+            for f in existing:
+                (self.dir / f).unlink()
+
+    def start(self, config: dict) -> None:
+        write_json(self.dir / "config.json", config)
+        (self.dir / "metrics.jsonl").write_text("")
+
+    def metric(self, record: dict) -> None:
+        with open(self.dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def finish(self, result, model_spec: dict | None = None) -> None:
+        write_json(self.dir / "staleness.json", result.staleness)
+        write_json(self.dir / "summary.json", result.summary)
+        payload = {"state_dict": result.model.state_dict(), "weights": result.weights.cpu(),
+                   "model": model_spec or {}, "summary": result.summary}
+        tmp = self.dir / ".model.pt.tmp"
+        torch.save(payload, tmp)
+        os.replace(tmp, self.dir / "model.pt")
+
+
+def read_run(run_dir: str | os.PathLike) -> dict:
+    """A finished run directory as Python objects (config, metrics, summary, staleness)."""
+    d = Path(run_dir)
+    try:
+        return {
+            "dir": d,
+            "config": json.loads((d / "config.json").read_text()),
+            "metrics": [json.loads(ln) for ln in (d / "metrics.jsonl").read_text().splitlines() if ln.strip()],
+            "summary": json.loads((d / "summary.json").read_text()),
+            "staleness": json.loads((d / "staleness.json").read_text()),
+        }
+    except FileNotFoundError as e:
+        raise OutputError(f"{d}: not a finished stalegrad run (missing {Path(e.filename).name})") from None
+    except json.JSONDecodeError as e:
+        raise OutputError(f"{d}: corrupt run file ({e.msg} at line {e.lineno})") from None
+
+
+def load_model(run_dir: str | os.PathLike) -> torch.nn.Module:
+    """Rebuild the final model of a run made with a named model (``--model``)."""
+    from .models import build_model
+    path = Path(run_dir) / "model.pt"
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    spec = payload.get("model") or {}
+    if "name" not in spec:
+        raise OutputError(f"{path}: the run used a custom torch.nn.Module; rebuild it and load 'state_dict'")
+    hidden = tuple(spec["hidden"]) if spec.get("hidden") else None
+    model = build_model(spec["name"], tuple(spec["input_shape"]), spec["num_classes"], hidden=hidden)
+    model.load_state_dict(payload["state_dict"])
+    return model

@@ -1,0 +1,176 @@
+"""The command line as a user drives it: every algorithm end to end, bad input."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from stalegrad.algorithms import ALGORITHMS
+from stalegrad.cli import main
+from stalegrad.results import load_model, read_run
+
+
+def cli(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def window_flag(algo):
+    return ["--window", "2"] if "window" in {f.name for f in ALGORITHMS[algo].hyperparameters()} else []
+
+
+@pytest.mark.parametrize("dataset,model", [("digits", "mlp"), ("synthetic", "logreg")])
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_every_algorithm_end_to_end(tmp_path, capsys, dataset, model, algo):
+    out = tmp_path / "run"
+    workers = 1 if algo == "sgd" else 3
+    code, stdout, err = cli(capsys, "train", "--algo", algo, "--workers", workers, "--dataset", dataset,
+                            "--model", model, "--epochs", 1, "--batch-size", 32, "--quiet", "--out", out,
+                            *window_flag(algo))
+    assert code == 0, err
+    assert f"{algo} x{workers}: test acc" in stdout
+    run = read_run(out)
+    s = run["summary"]
+    assert s["algorithm"] == algo and s["workers"] == workers
+    assert 0.0 <= s["final_test_acc"] <= 1.0 and s["samples"] >= run["config"]["train_samples"]
+    assert len(s["weights_sha256"]) == 64 and s["nonfinite_skipped"] == 0
+    required = {"epoch", "updates", "samples", "wall_s", "virtual_s", "train_loss", "test_loss", "test_acc"}
+    assert all(required <= m.keys() for m in run["metrics"])
+    assert [m["epoch"] for m in run["metrics"]][0] == 0
+    assert run["staleness"]["updates"] == sum(w["updates"] for w in run["staleness"]["per_worker"])
+    assert run["config"]["algorithm"]["name"] == algo and run["config"]["dataset"] == dataset
+    model_ = load_model(out)
+    flat = torch.cat([p.detach().reshape(-1) for p in model_.parameters()])
+    saved = torch.load(out / "model.pt", weights_only=True)["weights"]
+    assert torch.equal(flat, saved)
+
+
+def test_training_learns_digits(tmp_path, capsys):
+    code, _, err = cli(capsys, "train", "--algo", "dcasgd-a", "--workers", 4, "--dataset", "digits",
+                       "--epochs", 8, "--batch-size", 16, "--quiet", "--out", tmp_path / "r")
+    assert code == 0, err
+    assert read_run(tmp_path / "r")["summary"]["final_test_acc"] > 0.85
+
+
+def test_same_seed_same_hash_through_the_cli(tmp_path, capsys):
+    hashes = []
+    for i, seed in enumerate((1, 1, 2)):
+        code, _, err = cli(capsys, "train", "--algo", "agn", "--workers", 4, "--delay", "exponential", "--epochs", 1,
+                           "--batch-size", 32, "--seed", seed, "--quiet", "--out", tmp_path / str(i))
+        assert code == 0, err
+        hashes.append(read_run(tmp_path / str(i))["summary"]["weights_sha256"])
+    assert hashes[0] == hashes[1] != hashes[2]
+
+
+def test_config_file_and_flags_combine_flags_win(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('algo = "dcasgd-c"\nworkers = 3\nlam = 0.5\nbatch-size = 16\nepochs = 0.5\n'
+                   'lr_milestones = [0.25]\n')
+    code, _, err = cli(capsys, "train", "--config", cfg, "--workers", 2, "--quiet", "--out", tmp_path / "r")
+    assert code == 0, err
+    conf = read_run(tmp_path / "r")["config"]
+    assert conf["algorithm"] == {"name": "dcasgd-c", "momentum": 0.0, "weight_decay": 0.0, "lam": 0.5}
+    assert conf["workers"] == 2 and conf["batch_size"] == 16 and conf["lr_milestones"] == [0.25]
+
+
+def test_compare_prints_a_table(tmp_path, capsys):
+    code, out, err = cli(capsys, "compare", "--algos", "sgd,asgd,agn", "--workers", 3, "--dataset", "synthetic",
+                         "--model", "logreg", "--epochs", 1, "--batch-size", 32, "--window", 2, "--quiet",
+                         "--out", tmp_path)
+    assert code == 0, err
+    rows = json.loads((tmp_path / "comparison.json").read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["sgd", "asgd", "agn"]
+    assert [r["workers"] for r in rows] == [1, 3, 3]
+    assert rows[0]["temporal_efficiency"] == pytest.approx(1.0)
+    assert "| sgd | 1 |" in out and "| agn | 3 |" in out
+
+
+def test_algorithms_lists_every_rule_and_default(capsys):
+    code, out, _ = cli(capsys, "algorithms")
+    assert code == 0
+    for name, cls in ALGORITHMS.items():
+        assert f"{name}  (" in out and cls.rule in out
+    assert "--lam0" in out and "2.0" in out and "--ms-momentum" in out and "0.95" in out and "1e-07" in out
+    code, out, _ = cli(capsys, "algorithms", "--json")
+    assert json.loads(out)["dcasgd-c"]["parameters"]["lam"]["default"] == 0.04
+
+
+BAD = [
+    (["--algo", "foo"], "--algo"),
+    (["--model", "vgg"], "--model"),
+    (["--dataset", "imagenet"], "--dataset"),
+    (["--workers", "0"], "--workers"),
+    (["--workers", "-3"], "--workers"),
+    (["--algo", "agn", "--window", "0"], "--window"),
+    (["--lr", "0"], "--lr"),
+    (["--lr", "-1"], "--lr"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--algo", "asgd", "--lam", "0.1"], "--lam does not apply to asgd"),
+    (["--algo", "sgd", "--workers", "4"], "sequential"),
+    (["--delay", "gamma:-1"], "--delay"),
+    (["--delay", "warp"], "--delay"),
+    (["--delay", "trace:/nonexistent/trace.csv"], "cannot read the trace"),
+    (["--model", "cnn", "--dataset", "synthetic"], "needs image input"),
+    (["--batch-size", "5000"], "--batch-size 5000 is larger"),
+    (["--device", "tpu"], "--device"),
+    (["--algo", "dcasgd-a", "--ms-momentum", "1.5"], "ms_momentum"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
+    out = tmp_path / "r"
+    code, stdout, err = cli(capsys, "train", *args, "--quiet", "--out", out)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stalegrad: error:"), err
+    assert needle in lines[0]
+    assert "Traceback" not in err
+    assert not (out / "summary.json").exists()
+
+
+def test_bad_config_keys_and_values(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("colour = 3\n")
+    code, _, err = cli(capsys, "train", "--config", cfg, "--out", tmp_path / "r")
+    assert code == 2 and "unknown key 'colour'" in err
+    cfg.write_text("workers = 0\n")
+    code, _, err = cli(capsys, "train", "--config", cfg, "--out", tmp_path / "r")
+    assert code == 2 and "workers" in err
+    cfg.write_text("workers = [\n")
+    code, _, err = cli(capsys, "train", "--config", cfg, "--out", tmp_path / "r")
+    assert code == 2 and "not valid TOML" in err
+
+
+def test_existing_run_is_not_overwritten(tmp_path, capsys):
+    args = ["train", "--dataset", "synthetic", "--model", "logreg", "--epochs", 0.5, "--quiet", "--out", tmp_path]
+    assert cli(capsys, *args)[0] == 0
+    before = (tmp_path / "summary.json").read_bytes()
+    code, _, err = cli(capsys, *args[:-2], "--seed", 5, "--out", tmp_path)
+    assert code == 2 and "--overwrite" in err
+    assert (tmp_path / "summary.json").read_bytes() == before
+    assert cli(capsys, *args, "--seed", 5, "--overwrite")[0] == 0
+    assert (tmp_path / "summary.json").read_bytes() != before
+
+
+def test_nonfinite_updates_are_skipped_and_reported(tmp_path, capsys):
+    # A learning rate this large makes the gradients overflow.
+    code, _, err = cli(capsys, "train", "--algo", "asgd", "--dataset", "synthetic", "--model", "mlp",
+                       "--lr", "1e30", "--epochs", 1, "--quiet", "--out", tmp_path / "r")
+    assert code == 0, err
+    s = read_run(tmp_path / "r")["summary"]
+    assert s["nonfinite_skipped"] > 0
+    w = torch.load(tmp_path / "r" / "model.pt", weights_only=True)["weights"]
+    assert torch.isfinite(w).all()
+    code, _, err = cli(capsys, "train", "--algo", "asgd", "--dataset", "synthetic", "--model", "mlp",
+                       "--lr", "1e30", "--on-nonfinite", "stop", "--epochs", 1, "--quiet", "--out", tmp_path / "s")
+    assert code == 1 and "NaN or Inf" in err and len(err.strip().splitlines()) == 1
+
+
+def test_console_script_exit_code_and_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "stalegrad", "train", "--workers", "0", "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--workers" in proc.stderr
