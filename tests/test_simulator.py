@@ -147,3 +147,24 @@ def test_learning_reduces_test_loss():
     res = run("dcasgd-a", workers=4, epochs=3, batch_size=8, lr=0.1)
     assert res.metrics[-1]["test_loss"] < 0.5 * res.metrics[0]["test_loss"]
     assert res.summary["final_test_acc"] > 0.9
+
+
+def test_one_asynchronous_worker_is_sequential_sgd():
+    a = run("sgd", workers=1, epochs=1, seed=4)
+    b = run("asgd", workers=1, epochs=1, seed=4)
+    c = run("dcasgd-a", workers=1, epochs=1, seed=4)   # tau is always 0: no correction
+    assert a.summary["weights_sha256"] == b.summary["weights_sha256"] == c.summary["weights_sha256"]
+    assert a.staleness["tau_max"] == 0
+
+
+def test_ssgd_with_one_worker_is_sequential_sgd():
+    a = run("sgd", workers=1, epochs=1, seed=4)
+    b = run("ssgd", workers=1, epochs=1, seed=4)
+    assert torch.allclose(a.weights, b.weights)
+
+
+def test_agn_window_one_with_local_sgd_is_asgd():
+    # The thesis: "if lambda = 1, AGN is in essence equivalent to DOWNPOUR" (and to ASGD with local SGD).
+    a = run("asgd", workers=3, epochs=1, seed=2, lr=0.05)
+    b = run("agn", workers=3, epochs=1, seed=2, lr=0.05, window=1, local_opt="sgd")
+    assert torch.allclose(a.weights, b.weights, atol=1e-6)

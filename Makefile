@@ -1,0 +1,39 @@
+# stalegrad: the two commands of the README's quick start are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch; any other request may pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+FASHION_DIR ?= /usr/share/datasets/fashion-mnist
+
+.PHONY: install demo test data clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,plot]"
+	touch $@
+
+# Fashion-MNIST: Debian's package where we may install it, else the checked download.
+data: install
+	@if $(BIN)/python -c "from stalegrad.data import find_dataset_dir; find_dataset_dir('fashion-mnist')" 2>/dev/null; then \
+	  echo "fashion-mnist: found"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq dataset-fashion-mnist >/dev/null)) && echo "fashion-mnist: installed in $(FASHION_DIR)"; \
+	else \
+	  $(BIN)/stalegrad data fetch fashion-mnist; \
+	fi
+
+# The main job: sequential SGD against three asynchronous algorithms, 8 simulated workers.
+demo: data
+	$(BIN)/stalegrad compare --algos sgd,asgd,dcasgd-a,agn --workers 8 --dataset fashion-mnist --model mlp \
+	  --epochs 3 --batch-size 128 --out runs/demo --overwrite
+
+test: install
+	$(BIN)/python -m pytest -q -n 2
+
+clean:
+	rm -rf runs .pytest_cache .hypothesis
