@@ -343,12 +343,13 @@ def data():
 @click.option("--dest", type=click.Path(file_okay=False), default=None, help="target directory [default: the user cache]")
 def data_fetch(name, dest):
     """Download a data set from its canonical source, checking its checksums."""
-    from .data import fetch
+    from .data import FILE_DATASETS, fetch
     try:
         path = fetch(name, Path(dest) if dest else None)
     except DataError as e:
         raise UserError(str(e)) from None
-    click.echo(f"{name}: ready in {path}")
+    if name in FILE_DATASETS:
+        click.echo(f"{name}: ready in {path}")
 
 
 def main(argv=None) -> int:
