@@ -29,8 +29,8 @@ data: install
 
 # The main job: sequential SGD against three asynchronous algorithms, 8 simulated workers.
 demo: data
-	$(BIN)/stalegrad compare --algos sgd,asgd,dcasgd-a,agn --workers 8 --dataset fashion-mnist --model mlp \
-	  --epochs 3 --batch-size 128 --out runs/demo --overwrite
+	$(BIN)/stalegrad compare --algos sgd,asgd,dcasgd-c,dcasgd-a,agn --workers 8 --dataset fashion-mnist --model mlp \
+	  --epochs 10 --batch-size 128 --out runs/demo --overwrite
 
 test: install
 	$(BIN)/python -m pytest -q -n 2
