@@ -33,7 +33,7 @@ demo: data
 	  --epochs 10 --batch-size 128 --out runs/demo --overwrite
 
 test: install
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q
 
 clean:
 	rm -rf runs .pytest_cache .hypothesis

@@ -174,3 +174,16 @@ def test_console_script_exit_code_and_one_line(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--workers" in proc.stderr
+
+
+def test_fashion_mnist_end_to_end(tmp_path, capsys):
+    from stalegrad.data import DataError, find_dataset_dir
+    try:
+        find_dataset_dir("fashion-mnist")
+    except DataError:
+        pytest.skip("Fashion-MNIST not installed (make data, or apt-get install dataset-fashion-mnist)")
+    code, out, err = cli(capsys, "train", "--algo", "agn", "--workers", 8, "--dataset", "fashion-mnist",
+                         "--model", "mlp", "--epochs", 0.1, "--delay", "gamma:2", "--quiet", "--out", tmp_path / "r")
+    assert code == 0, err
+    s = read_run(tmp_path / "r")["summary"]
+    assert s["samples"] >= 6000 and s["final_test_acc"] > 0.5

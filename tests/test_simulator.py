@@ -168,3 +168,49 @@ def test_agn_window_one_with_local_sgd_is_asgd():
     a = run("asgd", workers=3, epochs=1, seed=2, lr=0.05)
     b = run("agn", workers=3, epochs=1, seed=2, lr=0.05, window=1, local_opt="sgd")
     assert torch.allclose(a.weights, b.weights, atol=1e-6)
+
+
+def test_lr_schedule_steps_down_at_milestones():
+    algorithm = make_algorithm("asgd")
+    res = sg.train("logreg", TRAIN, TEST, algorithm, 2, Simulator(), epochs=4, batch_size=8, lr=0.2,
+                   lr_milestones=(2, 3), lr_gamma=0.5, eval_every=1)
+    assert [m["lr"] for m in res.metrics] == pytest.approx([0.2, 0.2, 0.1, 0.05, 0.05])
+
+
+def test_eval_every_sets_the_evaluation_points():
+    res = run("asgd", workers=2, epochs=1, batch_size=8)
+    half = sg.train("logreg", TRAIN, TEST, make_algorithm("asgd"), 2, Simulator(), epochs=1, batch_size=8,
+                    eval_every=0.25)
+    assert len(res.metrics) == 2                 # epoch 0 and the end
+    assert [round(m["epoch"], 2) for m in half.metrics] == [0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_shards_are_disjoint_and_cover_the_data():
+    from stalegrad.worker import BatchStream
+    streams = [BatchStream(100, m, 4, 5, "shard", seed=1) for m in range(4)]
+    pools = [set(s.pool.tolist()) for s in streams]
+    assert sum(len(p) for p in pools) == 100 and set().union(*pools) == set(range(100))
+    for s, pool in zip(streams, pools):
+        seen = [i for _ in range(10) for i in s.next().tolist()]
+        assert set(seen) <= pool
+        assert sorted(seen[:25]) == sorted(pool)    # one pass visits each sample of the shard once
+    iid = BatchStream(100, 0, 4, 10, "iid", seed=1)
+    assert len({i for _ in range(10) for i in iid.next().tolist()}) == 100
+
+
+def test_trace_delay_runs_every_algorithm(tmp_path):
+    trace = tmp_path / "t.csv"
+    write_trace(trace, [(i % 3, max(0, i - 2), i, float(i)) for i in range(30)])
+    for algo in ALGORITHMS:
+        if algo == "sgd":
+            continue
+        kw = {"window": 2} if "window" in {f.name for f in ALGORITHMS[algo].hyperparameters()} else {}
+        res = run(algo, workers=3, delay=f"trace:{trace}", epochs=0.5, batch_size=8, **kw)
+        assert torch.isfinite(res.weights).all() and res.summary["samples"] >= 128
+
+
+def test_bad_delay_specs():
+    for spec, needle in [("gamma:0", "SHAPE"), ("heterogeneous:cubic", "sqrt or linear"), ("straggler:x", "K"),
+                         ("zipf", "not a delay model"), ("trace:", "needs a file")]:
+        with pytest.raises(ValueError, match=needle):
+            run("asgd", workers=2, delay=spec)
