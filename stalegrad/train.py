@@ -58,16 +58,11 @@ class TrainingRun:
         self.train_data, self.test_data = train_data, test_data
         self.model = FlatModel(module, device)
         self.server = ParameterServer(algorithm, self.model.flat, num_workers, on_nonfinite=on_nonfinite)
-        x, y = train_data.x.to(device), train_data.y.to(device)
+        self.train_x, self.train_y = train_data.x.to(device), train_data.y.to(device)
         self.test_x, self.test_y = test_data.x.to(device), test_data.y.to(device)
-        self.num_samples = len(y)
-        w0 = self.server.w
-        self.workers = [
-            Worker(m, algorithm, self.model, x, y,
-                   BatchStream(self.num_samples, m, num_workers, batch_size, partition, seed),
-                   w0, num_workers)
-            for m in range(num_workers)
-        ]
+        self.num_samples = len(self.train_y)
+        self.batch_size, self.partition, self.seed = batch_size, partition, seed
+        self.workers = [self.make_worker(m, self.model) for m in range(num_workers)]
         self.sample_budget = int(round(epochs * self.num_samples))
         self.eval_interval = max(1, int(round(eval_every * self.num_samples)))
         self.samples = 0
@@ -79,6 +74,11 @@ class TrainingRun:
         self._start = time.perf_counter()
         self._on_eval = on_eval
         self._progress = progress
+
+    def make_worker(self, m: int, model: FlatModel) -> Worker:
+        """Worker m as this run defines it (a real runtime builds it in its own process)."""
+        stream = BatchStream(self.num_samples, m, self.num_workers, self.batch_size, self.partition, self.seed)
+        return Worker(m, self.algorithm, model, self.train_x, self.train_y, stream, self.server.w, self.num_workers)
 
     # ---- what runtimes call ---------------------------------------------------
     @property
@@ -96,15 +96,16 @@ class TrainingRun:
     def wall_s(self) -> float:
         return time.perf_counter() - self._start
 
-    def after_push(self, worker: Worker, virtual_s: float) -> None:
-        """Account for one pushed message; evaluate when an interval is crossed."""
-        self.samples += worker.samples_per_message
+    def after_push(self, samples: int, loss: float, virtual_s: float) -> None:
+        """Account for one pushed message of ``samples`` samples and mean
+        mini-batch ``loss``; evaluate when an interval is crossed."""
+        self.samples += samples
         self.virtual_s = virtual_s
-        if math.isfinite(worker.last_loss):
-            self._loss_sum += worker.last_loss
+        if math.isfinite(loss):
+            self._loss_sum += loss
             self._loss_count += 1
         if self._progress is not None:
-            self._progress.update(worker.samples_per_message)
+            self._progress.update(samples)
         if self.samples >= self._next_eval and not self.done:
             self.evaluate()
 

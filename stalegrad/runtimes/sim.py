@@ -70,7 +70,7 @@ class _EventLoop:
             if not algo.pull_before_compute:
                 self.pulled[m] = server.pull(m)
             server.push(m, worker.message(self.pulled[m], computed), lr)
-            run.after_push(worker, self.now)
+            run.after_push(worker.samples_per_message, worker.last_loss, self.now)
             if not algo.synchronous:
                 self.start(m)
                 continue
@@ -139,7 +139,7 @@ class _Replay:
             has_pulled[m] = False
             pending[m] += 1
             now = trace.wall_s[i] if (trace.wall_s is not None and not exhausted) else (i + 1) * per_event * run.algorithm.steps_per_message
-            run.after_push(worker, now)
+            run.after_push(worker.samples_per_message, worker.last_loss, now)
             i += 1
             if exhausted or pending[m] >= len(wants[m]):
                 pull(m)
