@@ -21,6 +21,7 @@ from ..delays import DelayModel, Trace, parse_delay
 class Simulator:
     delay: str | DelayModel = "uniform"
     step_time: float = 1.0   # virtual seconds of one local step of a speed-1 worker
+    vectorised: bool = False  # batch the gradients of workers whose pushes fall due together
 
     def __post_init__(self):
         if not self.step_time > 0:
@@ -28,7 +29,7 @@ class Simulator:
 
     def describe(self) -> dict:
         spec = self.delay if isinstance(self.delay, str) else self.delay.spec
-        return {"name": "sim", "delay": spec, "step_time": self.step_time}
+        return {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised}
 
     def run(self, run, seed: int = 0) -> None:
         model = self.delay if isinstance(self.delay, DelayModel) else parse_delay(self.delay, run.num_workers)
