@@ -110,6 +110,31 @@ class ParameterServer:
     def round_open(self) -> bool:
         return bool(self.round)
 
+    # ---- checkpoints ------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly where the server is."""
+        return {
+            "w": self.w, "version": self.version, "pulled_version": list(self.pulled_version),
+            "state": self.state, "live": sorted(self.live), "round": dict(self.round),
+            "staleness": {"workers": torch.tensor(self.staleness.workers, dtype=torch.int32),
+                          "taus": torch.tensor(self.staleness.taus, dtype=torch.int32)},
+            "nonfinite_skipped": self.nonfinite_skipped,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["w"].shape != self.w.shape:
+            raise ValueError(f"the checkpoint holds {sd['w'].numel()} weights, this model has {self.w.numel()}")
+        device = self.w.device
+        self.w.copy_(sd["w"])
+        self.version = int(sd["version"])
+        self.pulled_version = [int(v) for v in sd["pulled_version"]]
+        self.state = to_device(sd["state"], device)
+        self.live = set(sd["live"])
+        self.round = {int(m): (None if g is None else g.to(device)) for m, g in sd["round"].items()}
+        self.staleness.workers = array("i", sd["staleness"]["workers"].tolist())
+        self.staleness.taus = array("i", sd["staleness"]["taus"].tolist())
+        self.nonfinite_skipped = int(sd["nonfinite_skipped"])
+
     # ---- internals ------------------------------------------------------------
     def _maybe_close_round(self, lr: float) -> bool:
         if not self.live or not self.live.issubset(self.round):
@@ -138,3 +163,15 @@ class ParameterServer:
                                  "lower --lr, or pass --on-nonfinite skip to drop such updates")
         self.nonfinite_skipped += 1
         return False
+
+
+
+def to_device(obj, device):
+    """Move the tensors of a nested dict/list structure to ``device``."""
+    if isinstance(obj, Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    return obj

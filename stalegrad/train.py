@@ -49,7 +49,8 @@ class TrainingRun:
     def __init__(self, *, module: nn.Module, train_data, test_data, algorithm: Algorithm, num_workers: int,
                  epochs: float, batch_size: int, schedule: LRSchedule, eval_every: float, partition: str,
                  seed: int, device: str, on_nonfinite: str, config: dict,
-                 on_eval: Callable[[dict], None] | None = None, progress=None):
+                 on_eval: Callable[[dict], None] | None = None, progress=None,
+                 checkpoint_every: int = 0, checkpoint_path=None):
         self.algorithm = algorithm
         self.num_workers = num_workers
         self.device = device
@@ -74,6 +75,34 @@ class TrainingRun:
         self._start = time.perf_counter()
         self._on_eval = on_eval
         self._progress = progress
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_path = checkpoint_path if checkpoint_every else None
+        self._next_checkpoint = checkpoint_every
+
+    # ---- checkpoints ------------------------------------------------------------
+    def progress_state(self) -> dict:
+        return {"samples": self.samples, "virtual_s": self.virtual_s, "metrics": self.metrics,
+                "notes": self.notes, "next_eval": self._next_eval, "loss_sum": self._loss_sum,
+                "loss_count": self._loss_count, "wall_s": self.wall_s(), "next_checkpoint": self._next_checkpoint}
+
+    def load_progress_state(self, st: dict) -> None:
+        self.samples, self.virtual_s = int(st["samples"]), float(st["virtual_s"])
+        self.metrics, self.notes = list(st["metrics"]), list(st["notes"])
+        self._next_eval, self._next_checkpoint = int(st["next_eval"]), int(st["next_checkpoint"])
+        self._loss_sum, self._loss_count = float(st["loss_sum"]), int(st["loss_count"])
+        self._start = time.perf_counter() - float(st["wall_s"])
+        if self._progress is not None:
+            self._progress.update(self.samples)
+
+    def checkpoint_due(self) -> bool:
+        return self.checkpoint_path is not None and self.server.version >= self._next_checkpoint
+
+    def save_checkpoint(self, runtime_state: dict) -> None:
+        """Write the whole state; runtimes call this when ``checkpoint_due()``."""
+        from . import checkpoint
+        checkpoint.save(self.checkpoint_path, checkpoint.capture(self, runtime_state))
+        every = self.checkpoint_every
+        self._next_checkpoint = (self.server.version // every + 1) * every
 
     def make_worker(self, m: int, model: FlatModel) -> Worker:
         """Worker m as this run defines it (a real runtime builds it in its own process)."""
@@ -183,7 +212,8 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
           lr_milestones: tuple[float, ...] = (), lr_gamma: float = 0.1, eval_every: float = 1.0,
           partition: str = "shard", seed: int = 0, device: str = "cpu", on_nonfinite: str = "skip",
           on_start: Callable[[dict], None] | None = None, on_eval: Callable[[dict], None] | None = None,
-          progress: bool = False, config: dict | None = None) -> TrainResult:
+          progress: bool = False, config: dict | None = None, checkpoint_every: int = 0,
+          checkpoint_path=None, resume=None) -> TrainResult:
     """Train ``model`` with ``algorithm`` on ``workers`` workers; return the metrics.
 
     ``model`` is a ``torch.nn.Module``, a zero-argument factory, or a model
@@ -192,6 +222,10 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
     works). ``runtime`` defaults to the deterministic simulator. ``lr``
     defaults to the algorithm's (0.1 for server SGD and local SGD, 0.001 for
     local Adam).
+
+    ``checkpoint_every=N`` writes the complete state to ``checkpoint_path``
+    every N server updates; ``resume=PATH`` continues from such a checkpoint
+    (made with the same configuration) instead of starting afresh.
     """
     from .runtimes import make_runtime
 
@@ -211,6 +245,10 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
                          "(or compare with asgd for M asynchronous workers)")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available here; use device='cpu'")
+    if not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be a non-negative integer (updates), got {checkpoint_every!r}")
+    if checkpoint_every and checkpoint_path is None:
+        raise ValueError("checkpoint_every needs a checkpoint_path to write to")
     runtime = make_runtime(runtime if runtime is not None else "sim", workers)
     schedule = LRSchedule(lr if lr is not None else default_lr(algorithm), tuple(lr_milestones), lr_gamma)
 
@@ -225,8 +263,10 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
         "train_samples": len(train_data.y), "test_samples": len(test_data.y),
     }
     resolved.update(config or {})
-    if on_start is not None:
-        on_start(resolved)
+    saved = None
+    if resume is not None:
+        from . import checkpoint
+        saved = checkpoint.load(resume)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -236,9 +276,18 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
         run = TrainingRun(module=module, train_data=train_data, test_data=test_data, algorithm=algorithm,
                           num_workers=workers, epochs=epochs, batch_size=batch_size, schedule=schedule,
                           eval_every=eval_every, partition=partition, seed=seed, device=device,
-                          on_nonfinite=on_nonfinite, config=resolved, on_eval=on_eval, progress=bar)
-        run.evaluate()   # epoch 0: the initial weights
-        runtime.run(run, seed=seed)
+                          on_nonfinite=on_nonfinite, config=resolved, on_eval=on_eval, progress=bar,
+                          checkpoint_every=checkpoint_every, checkpoint_path=checkpoint_path)
+        if saved is not None:   # checked before on_start writes anything
+            checkpoint.check_matches(resume, saved, run)
+        if on_start is not None:
+            on_start(resolved)
+        if saved is None:
+            run.evaluate()   # epoch 0: the initial weights
+            runtime.run(run, seed=seed)
+        else:
+            runtime_state = checkpoint.restore(run, saved)
+            runtime.run(run, seed=seed, resume=runtime_state)
         return run.finish()
     finally:
         if bar is not None:

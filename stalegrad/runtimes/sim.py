@@ -31,12 +31,18 @@ class Simulator:
         spec = self.delay if isinstance(self.delay, str) else self.delay.spec
         return {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised}
 
-    def run(self, run, seed: int = 0) -> None:
+    def run(self, run, seed: int = 0, resume: dict | None = None) -> None:
+        """Drive ``run`` to its sample budget; ``resume`` is the state a checkpoint saved."""
         model = self.delay if isinstance(self.delay, DelayModel) else parse_delay(self.delay, run.num_workers)
         if isinstance(model, Trace) and not run.algorithm.synchronous:
-            _Replay(run, model, self.step_time).run()
+            loop = _Replay(run, model, self.step_time)
         else:
-            _EventLoop(run, model, self.step_time, random.Random(seed)).run()
+            loop = _EventLoop(run, model, self.step_time, random.Random(seed))
+        if resume is None:
+            loop.begin()
+        else:
+            loop.load_state_dict(resume)
+        loop.run()
 
 
 class _EventLoop:
@@ -48,6 +54,7 @@ class _EventLoop:
         self.seq = 0
         self.now = 0.0
         self.pulled = [None] * run.num_workers
+        self.parked: list[int] = []   # synchronous algorithms: finished, waiting for the round
 
     def start(self, m: int) -> None:
         """Worker m pulls (if it pulls first) and starts computing now."""
@@ -58,11 +65,25 @@ class _EventLoop:
         heapq.heappush(self.heap, (finish, self.seq, m))
         self.seq += 1
 
+    def begin(self) -> None:
+        for m in range(self.run_.num_workers):
+            self.start(m)
+
+    def state_dict(self) -> dict:
+        return {"kind": "events", "heap": list(self.heap), "seq": self.seq, "now": self.now,
+                "parked": list(self.parked), "pulled": list(self.pulled), "rng": self.rng.getstate()}
+
+    def load_state_dict(self, st: dict) -> None:
+        if st.get("kind") != "events":
+            raise ValueError("the checkpoint was made by a trace replay, not by the event loop")
+        self.heap = [(float(t), int(q), int(m)) for t, q, m in st["heap"]]
+        self.seq, self.now = int(st["seq"]), float(st["now"])
+        self.parked, self.pulled = list(st["parked"]), list(st["pulled"])
+        self.rng.setstate(_as_tuple(st["rng"]))
+
     def run(self) -> None:
         run, server, algo = self.run_, self.server, self.algo
-        for m in range(run.num_workers):
-            self.start(m)
-        parked: list[int] = []
+        parked = self.parked
         while not run.done:
             self.now, _, m = heapq.heappop(self.heap)
             worker = run.workers[m]
@@ -74,12 +95,14 @@ class _EventLoop:
             run.after_push(worker.samples_per_message, worker.last_loss, self.now)
             if not algo.synchronous:
                 self.start(m)
-                continue
-            parked.append(m)
-            if not server.round_open:   # the round closed: everyone starts again
-                for p in parked:
-                    self.start(p)
-                parked.clear()
+            else:
+                parked.append(m)
+                if not server.round_open:   # the round closed: everyone starts again
+                    for p in parked:
+                        self.start(p)
+                    parked.clear()
+            if run.checkpoint_due():
+                run.save_checkpoint(self.state_dict())
 
 
 class _Replay:
@@ -93,37 +116,45 @@ class _Replay:
     def __init__(self, run, trace: Trace, step_time: float):
         self.run_, self.trace, self.step_time = run, trace, step_time
         self.server = run.server
+        M = run.num_workers
+        # Each worker's recorded pull versions, in the order of its pushes.
+        self.wants: list[list[int]] = [[] for _ in range(M)]
+        if trace.pulled is not None:
+            for w, v in zip(trace.workers, trace.pulled):
+                self.wants[w].append(v)
+        self.pending = [0] * M          # index into wants[m] of the next pull
+        self.pulled = [None] * M
+        self.has_pulled = [False] * M
+        self.i = 0                      # next trace entry
+
+    def begin(self) -> None:
+        for m in range(self.run_.num_workers):
+            if not self.wants[m] or self.wants[m][0] == 0:
+                self.pull(m)
+
+    def pull(self, m: int) -> None:
+        self.pulled[m] = self.server.pull(m)
+        self.has_pulled[m] = True
+
+    def state_dict(self) -> dict:
+        return {"kind": "replay", "i": self.i, "pending": list(self.pending), "has_pulled": list(self.has_pulled),
+                "pulled": list(self.pulled)}
+
+    def load_state_dict(self, st: dict) -> None:
+        if st.get("kind") != "replay":
+            raise ValueError("the checkpoint was made by the event loop, not by a trace replay")
+        self.i, self.pending = int(st["i"]), [int(p) for p in st["pending"]]
+        self.has_pulled, self.pulled = [bool(h) for h in st["has_pulled"]], list(st["pulled"])
 
     def run(self) -> None:
         run, server, trace = self.run_, self.server, self.trace
         n, M = len(trace.workers), run.num_workers
-        # Each worker's recorded pull versions, in order of its pushes.
-        wants: list[list[int]] = [[] for _ in range(M)]
-        if trace.pulled is not None:
-            for w, v in zip(trace.workers, trace.pulled):
-                wants[w].append(v)
-        pending = [0] * M          # index into wants[m] of the next pull
-        pulled = [None] * M
-        has_pulled = [False] * M
-
-        def pull(m):
-            pulled[m] = server.pull(m)
-            has_pulled[m] = True
-
-        def due_pulls():
-            # Workers whose recorded pull version has been reached pull now.
-            for m in range(M):
-                if not has_pulled[m] and pending[m] < len(wants[m]) and wants[m][pending[m]] <= server.version:
-                    pull(m)
-
-        for m in range(M):
-            if not wants[m] or wants[m][0] == 0:
-                pull(m)
-        i = 0
+        wants, pending, has_pulled, pulled = self.wants, self.pending, self.has_pulled, self.pulled
         per_event = self.step_time / max(1, M)
         while not run.done:
+            i = self.i
             exhausted = i >= n
-            if exhausted and not run.notes:
+            if exhausted and not any("trace" in note for note in run.notes):
                 run.notes.append(f"trace {trace.path} ended after {n} pushes; its order was repeated "
                                  "with pulls right after each push")
             m = trace.workers[i % n]
@@ -131,17 +162,30 @@ class _Replay:
             lr = run.lr
             if run.algorithm.pull_before_compute:
                 if not has_pulled[m]:    # recorded pull version never reached (e.g. a skipped update)
-                    pull(m)
+                    self.pull(m)
                 computed = worker.compute(pulled[m], lr)
             else:                        # elastic averaging pulls the centre after its local steps
                 computed = worker.compute(None, lr)
-                pull(m)
+                self.pull(m)
             server.push(m, worker.message(pulled[m], computed), lr)
             has_pulled[m] = False
             pending[m] += 1
-            now = trace.wall_s[i] if (trace.wall_s is not None and not exhausted) else (i + 1) * per_event * run.algorithm.steps_per_message
+            if trace.wall_s is not None and not exhausted:
+                now = trace.wall_s[i]
+            else:
+                now = (i + 1) * per_event * run.algorithm.steps_per_message
             run.after_push(worker.samples_per_message, worker.last_loss, now)
-            i += 1
+            self.i = i + 1
             if exhausted or pending[m] >= len(wants[m]):
-                pull(m)
-            due_pulls()
+                self.pull(m)
+            # Workers whose recorded pull version has been reached pull now.
+            for k in range(M):
+                if not has_pulled[k] and pending[k] < len(wants[k]) and wants[k][pending[k]] <= server.version:
+                    self.pull(k)
+            if run.checkpoint_due():
+                run.save_checkpoint(self.state_dict())
+
+
+def _as_tuple(x):
+    """random.Random states come back from a checkpoint as lists."""
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x

@@ -1,0 +1,114 @@
+"""Checkpoints: a simulated run stopped and resumed ends bit-identical."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import stalegrad as sg
+from stalegrad.checkpoint import CheckpointError
+from stalegrad.runtimes import Simulator
+from stalegrad.server import ParameterServer
+
+from test_simulator import TEST, TRAIN, write_trace
+
+
+class Interrupt(Exception):
+    pass
+
+
+def bn_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def train(algo, delay, path, resume=None, **kw):
+    torch.manual_seed(0)
+    params = {"window": 2} if "window" in {f.name for f in sg.ALGORITHMS[algo].hyperparameters()} else {}
+    return sg.train(bn_model(), TRAIN, TEST, sg.make_algorithm(algo, **params), 1 if algo == "sgd" else 3,
+                    Simulator(delay=delay), epochs=2, batch_size=8, seed=5, eval_every=0.5,
+                    checkpoint_every=7, checkpoint_path=path, resume=resume, **kw)
+
+
+def interrupt_at(monkeypatch, version):
+    original = ParameterServer.push
+
+    def push(self, worker, msg, lr):
+        if self.version == version:
+            raise Interrupt()
+        return original(self, worker, msg, lr)
+    monkeypatch.setattr(ParameterServer, "push", push)
+
+
+def strip_wall(metrics):
+    return [{k: v for k, v in m.items() if k != "wall_s"} for m in metrics]
+
+
+CASES = [("dcasgd-a", "gamma:2"), ("agn", "exponential"), ("ssgd", "straggler:3"), ("aeasgd", "uniform"),
+         ("easgd", "heterogeneous:sqrt"), ("dynsgd", "uniform"), ("sgd", "uniform")]
+
+
+@pytest.mark.parametrize("algo,delay", CASES)
+def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, algo, delay):
+    full = train(algo, delay, tmp_path / "full.pt")
+    with monkeypatch.context() as mp:
+        interrupt_at(mp, 10)
+        with pytest.raises(Interrupt):
+            train(algo, delay, tmp_path / "cut.pt")
+    saved = torch.load(tmp_path / "cut.pt", weights_only=True)
+    assert saved["server"]["version"] == 7          # the last checkpoint before the interruption
+    resumed = train(algo, delay, tmp_path / "cut.pt", resume=tmp_path / "cut.pt")
+    assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
+    assert resumed.update_log() == full.update_log()
+    assert strip_wall(resumed.metrics) == strip_wall(full.metrics)
+    assert resumed.staleness == full.staleness
+
+
+def test_resume_of_a_trace_replay(tmp_path, monkeypatch):
+    trace = tmp_path / "t.csv"
+    write_trace(trace, [(i % 3, max(0, i - 2), i, float(i)) for i in range(40)])
+    full = train("asgd", f"trace:{trace}", tmp_path / "a.pt")
+    with monkeypatch.context() as mp:
+        interrupt_at(mp, 12)
+        with pytest.raises(Interrupt):
+            train("asgd", f"trace:{trace}", tmp_path / "b.pt")
+    resumed = train("asgd", f"trace:{trace}", tmp_path / "b.pt", resume=tmp_path / "b.pt")
+    assert resumed.update_log() == full.update_log()
+    assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
+
+
+def test_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "c.pt"
+    train("asgd", "uniform", path)
+    before = path.read_bytes()
+    import stalegrad.checkpoint as ck
+
+    def failing_save(obj, f, *a, **k):
+        f.write(b"partial")
+        raise OSError("disk full")
+    monkeypatch.setattr(ck.torch, "save", failing_save)
+    with pytest.raises(OSError):
+        train("asgd", "uniform", path)
+    assert path.read_bytes() == before                    # the old checkpoint is intact
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]   # no temporary file left
+
+
+def test_mismatched_checkpoint_is_refused(tmp_path):
+    path = tmp_path / "c.pt"
+    train("asgd", "uniform", path)
+    with pytest.raises(CheckpointError, match="algorithm"):
+        train("dcasgd-c", "uniform", tmp_path / "other.pt", resume=path)
+    with pytest.raises(CheckpointError, match="parameters"):
+        sg.train("logreg", TRAIN, TEST, sg.make_algorithm("asgd"), 3, Simulator(), epochs=1, batch_size=8,
+                 seed=5, resume=path)
+
+
+def test_corrupt_checkpoint_is_refused(tmp_path):
+    path = tmp_path / "c.pt"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train("asgd", "uniform", tmp_path / "x.pt", resume=path)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        train("asgd", "uniform", tmp_path / "x.pt", resume=tmp_path / "missing.pt")
+    torch.save({"format": 1, "weights": torch.zeros(3)}, path)
+    with pytest.raises(CheckpointError, match="not a stalegrad checkpoint"):
+        train("asgd", "uniform", tmp_path / "x.pt", resume=path)
