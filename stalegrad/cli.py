@@ -93,6 +93,8 @@ def run_options(f):
                      help="evaluate the server's model every this many epochs"),
         click.option("--on-nonfinite", type=click.Choice(ON_NONFINITE), default="skip", show_default=True,
                      help="a NaN/Inf gradient or commit: skip it (and count it) or stop the run"),
+        click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="save the complete state to --out/checkpoint.pt every N server updates (0: never)"),
         click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
                      help="TOML file of options (keys as flag names); flags win"),
         click.option("--overwrite", is_flag=True, help="replace a run already in --out"),
@@ -164,8 +166,9 @@ def _load_data(params: dict):
         raise UserError(str(e)) from None
 
 
-def _train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool):
-    """One run into ``out``; returns the TrainResult."""
+def _train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool, resume: bool = False):
+    """One run into ``out`` (or its continuation from ``out``'s checkpoint); returns the TrainResult."""
+    from .checkpoint import CHECKPOINT_FILE, CheckpointError
     from .models import build_model
     from .results import RunWriter
     from .runtimes import Simulator
@@ -204,18 +207,24 @@ def _train_one(algo_name: str, params: dict, train_set, test_set, out: Path, pro
         raise UserError(f"--batch-size {batch} is larger than each worker's {per_worker} samples "
                         f"({p['dataset']}, {workers} workers); lower --batch-size or --workers, or use --partition iid")
     try:
-        writer = RunWriter(out, overwrite=p["overwrite"])
+        writer = RunWriter(out, overwrite=p["overwrite"], resume=resume)
     except OutputError as e:
         raise UserError(str(e)) from None
     config = {"dataset": p["dataset"], "model": p["model"], "hidden": list(p["hidden"]) if p["hidden"] else None,
-              "data_dir": p["data_dir"]}
+              "data_dir": p["data_dir"], "checkpoint_every": p["checkpoint_every"]}
+    checkpoint_path = out / CHECKPOINT_FILE
     model_spec = {"name": p["model"], "input_shape": list(shape), "num_classes": classes,
                   "hidden": list(p["hidden"]) if p["hidden"] else None}
-    result = train(module, train_set, test_set, algorithm, workers, simulator, epochs=p["epochs"],
-                   batch_size=batch, lr=p["lr"], lr_milestones=p["lr_milestones"] or (), lr_gamma=p["lr_gamma"],
-                   eval_every=p["eval_every"], partition=p["partition"], seed=p["seed"], device=p["device"],
-                   on_nonfinite=p["on_nonfinite"], progress=progress, config=config,
-                   on_start=lambda cfg: writer.start(cfg), on_eval=writer.metric)
+    try:
+        result = train(module, train_set, test_set, algorithm, workers, simulator, epochs=p["epochs"],
+                       batch_size=batch, lr=p["lr"], lr_milestones=p["lr_milestones"] or (), lr_gamma=p["lr_gamma"],
+                       eval_every=p["eval_every"], partition=p["partition"], seed=p["seed"], device=p["device"],
+                       on_nonfinite=p["on_nonfinite"], progress=progress, config=config,
+                       on_start=writer.start, on_eval=writer.metric,
+                       checkpoint_every=p["checkpoint_every"] or 0, checkpoint_path=checkpoint_path,
+                       resume=checkpoint_path if resume else None)
+    except CheckpointError as e:
+        raise UserError(str(e)) from None
     writer.finish(result, model_spec)
     return result
 
@@ -236,17 +245,64 @@ def cli():
 @cli.command()
 @click.option("--algo", type=click.Choice(list(ALGORITHMS)), default="asgd", show_default=True)
 @run_options
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="run directory for the results")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="run directory for the results  [required]")
+@click.option("--resume", type=click.Path(file_okay=False), default=None,
+              help="continue the run in DIR from its last checkpoint; DIR/config.json gives every other option "
+                   "(only --epochs, to extend it, --data-dir and --quiet may be given)")
 @click.pass_context
-def train(ctx, algo, out, **params):
+def train(ctx, algo, out, resume, **params):
     """Train one model with one algorithm and write the run to --out."""
     params["algo"] = algo
-    params = _apply_config(ctx, params)
-    out = Path(params.pop("out", out))
+    if resume is not None:
+        params = _resume_params(ctx, Path(resume), params)
+        out = resume
+    else:
+        params = _apply_config(ctx, params)
+        out = params.pop("out", None) or out
+        if out is None:
+            raise UserError("--out DIR is required: the directory for the run's results (or --resume DIR)")
+    out = Path(out)
     algo = params.pop("algo")
     train_set, test_set = _load_data(params)
-    res = _train_one(algo, params, train_set, test_set, out, progress=not params["quiet"])
+    res = _train_one(algo, params, train_set, test_set, out, progress=not params["quiet"], resume=resume is not None)
     click.echo(_summary_line(algo, res, out))
+
+
+_RESUME_MAY_CHANGE = {"epochs", "data_dir", "quiet", "resume", "algo"}
+
+
+def _resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
+    """The options of the run in ``run_dir``, from its config.json."""
+    given = [p for p in ctx.command.params if ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE
+             and p.name not in _RESUME_MAY_CHANGE]
+    if given:
+        raise UserError(f"--resume takes its options from {run_dir}/config.json; drop {max(given[0].opts, key=len)} "
+                        "(only --epochs, --data-dir and --quiet may be given)")
+    if ctx.get_parameter_source("algo") == ParameterSource.COMMANDLINE:
+        raise UserError(f"--resume takes its options from {run_dir}/config.json; drop --algo")
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+        algorithm = dict(cfg["algorithm"])
+        runtime = dict(cfg["runtime"])
+    except FileNotFoundError:
+        raise UserError(f"--resume {run_dir}: not a stalegrad run directory (no config.json)") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"--resume {run_dir}: config.json is damaged ({e})") from None
+    resumed = dict(params)
+    for k in ALGO_FLAGS:
+        resumed[k] = None
+    resumed["algo"] = algorithm.pop("name")
+    resumed.update(algorithm)
+    resumed["runtime"] = runtime.pop("name", "sim")
+    for key, value in list(runtime.items()) + list(cfg.items()):
+        if key in resumed and key not in ("algorithm", "runtime"):
+            if key == "epochs" and ctx.get_parameter_source("epochs") == ParameterSource.COMMANDLINE:
+                continue
+            if key == "data_dir" and ctx.get_parameter_source("data_dir") == ParameterSource.COMMANDLINE:
+                continue
+            resumed[key] = tuple(value) if isinstance(value, list) else value
+    resumed["overwrite"] = False
+    return resumed
 
 
 @cli.command()

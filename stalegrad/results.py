@@ -46,8 +46,12 @@ def write_json(path: Path, obj) -> None:
 class RunWriter:
     """Owns one run directory for the duration of a run."""
 
-    def __init__(self, out: str | os.PathLike, overwrite: bool = False):
+    def __init__(self, out: str | os.PathLike, overwrite: bool = False, resume: bool = False):
         self.dir = Path(out)
+        if resume:   # continue the run already there; start() rewrites its metrics
+            if not (self.dir / "config.json").is_file():
+                raise OutputError(f"--resume {self.dir}: not a stalegrad run directory (no config.json)")
+            return
         if self.dir.exists() and not self.dir.is_dir():
             raise OutputError(f"--out {self.dir}: exists and is not a directory; choose another path")
         existing = [f for f in RUN_FILES if (self.dir / f).exists()]
@@ -62,9 +66,10 @@ class RunWriter:
             for f in existing:
                 (self.dir / f).unlink()
 
-    def start(self, config: dict) -> None:
+    def start(self, config: dict, metrics: list[dict] = ()) -> None:
+        """Write the configuration, and the metrics so far (a resumed run's)."""
         write_json(self.dir / "config.json", config)
-        (self.dir / "metrics.jsonl").write_text("")
+        atomic_write(self.dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics).encode())
 
     def metric(self, record: dict) -> None:
         with open(self.dir / "metrics.jsonl", "a") as f:

@@ -39,6 +39,25 @@ class TrainResult:
         return self.summary["final_test_acc"]
 
 
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What defines worker m besides its model, data and initial weights.
+
+    Small and picklable, so that a real runtime builds, in another process,
+    exactly the worker that ``TrainingRun.make_worker`` builds here.
+    """
+    algorithm: Algorithm
+    num_samples: int
+    num_workers: int
+    batch_size: int
+    partition: str
+    seed: int
+
+    def build(self, m: int, model: FlatModel, x: Tensor, y: Tensor, w0: Tensor) -> Worker:
+        stream = BatchStream(self.num_samples, m, self.num_workers, self.batch_size, self.partition, self.seed)
+        return Worker(m, self.algorithm, model, x, y, stream, w0, self.num_workers)
+
+
 def weights_sha256(w: Tensor) -> str:
     return hashlib.sha256(w.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
 
@@ -70,6 +89,10 @@ class TrainingRun:
         self.virtual_s = 0.0
         self.metrics: list[dict] = []
         self.notes: list[str] = []
+        self.summary_extra: dict = {}   # runtime-specific entries of summary.json (local: workers_lost)
+        # A runtime may set an evaluator: evaluate() then hands it a snapshot of the weights, and
+        # the record joins self.metrics (in order) when the result comes back; see runtimes/local.py.
+        self.evaluator = None
         self._next_eval = 0
         self._loss_sum, self._loss_count = 0.0, 0
         self._start = time.perf_counter()
@@ -104,10 +127,15 @@ class TrainingRun:
         every = self.checkpoint_every
         self._next_checkpoint = (self.server.version // every + 1) * every
 
+    @property
+    def worker_spec(self) -> WorkerSpec:
+        return WorkerSpec(self.algorithm, self.num_samples, self.num_workers, self.batch_size, self.partition,
+                          self.seed)
+
     def make_worker(self, m: int, model: FlatModel) -> Worker:
-        """Worker m as this run defines it (a real runtime builds it in its own process)."""
-        stream = BatchStream(self.num_samples, m, self.num_workers, self.batch_size, self.partition, self.seed)
-        return Worker(m, self.algorithm, model, self.train_x, self.train_y, stream, self.server.w, self.num_workers)
+        """Worker m as this run defines it (a real runtime builds it in its own process
+        with ``worker_spec.build``)."""
+        return self.worker_spec.build(m, model, self.train_x, self.train_y, self.server.w)
 
     # ---- what runtimes call ---------------------------------------------------
     @property
@@ -139,7 +167,10 @@ class TrainingRun:
             self.evaluate()
 
     def evaluate(self) -> dict:
-        test_loss, test_acc = self.model.evaluate(self.server.w, self.test_x, self.test_y)
+        """Evaluate the server's weights now, or, with an evaluator, a snapshot of them
+        (the record is then completed and appended when the evaluator answers)."""
+        if self.evaluator is None:
+            test_loss, test_acc = self.model.evaluate(self.server.w, self.test_x, self.test_y)
         stal = self.server.staleness
         record = {
             "epoch": round(self.epoch, 6),
@@ -149,21 +180,29 @@ class TrainingRun:
             "virtual_s": round(self.virtual_s, 6),
             "lr": self.lr,
             "train_loss": self._loss_sum / self._loss_count if self._loss_count else None,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
+            "test_loss": None,
+            "test_acc": None,
             "tau_mean": (sum(stal.taus) / len(stal.taus)) if stal.taus else 0.0,
             "nonfinite_skipped": self.server.nonfinite_skipped,
         }
         self._loss_sum, self._loss_count = 0.0, 0
-        self.metrics.append(record)
         while self._next_eval <= self.samples:
             self._next_eval += self.eval_interval
+        if self.evaluator is None:
+            self.record_evaluation(record, test_loss, test_acc)
+        else:
+            self.evaluator.submit(self.server.w, record)
+        return record
+
+    def record_evaluation(self, record: dict, test_loss: float, test_acc: float) -> None:
+        """Complete ``record`` with its test figures and append it to the metrics."""
+        record["test_loss"], record["test_acc"] = test_loss, test_acc
+        self.metrics.append(record)
         if self._progress is not None:
-            self._progress.set_postfix(epoch=f"{self.epoch:.2f}", updates=self.server.version,
+            self._progress.set_postfix(epoch=f"{record['epoch']:.2f}", updates=record["updates"],
                                        loss=f"{test_loss:.4f}", acc=f"{test_acc:.4f}", refresh=False)
         if self._on_eval is not None:
             self._on_eval(record)
-        return record
 
     def finish(self) -> TrainResult:
         if not self.metrics or self.metrics[-1]["samples"] != self.samples:
@@ -186,6 +225,7 @@ class TrainingRun:
             "nonfinite_skipped": self.server.nonfinite_skipped,
             "weights_sha256": weights_sha256(self.server.w),
             "notes": self.notes,
+            **self.summary_extra,
         }
         self.model.load(self.server.w)
         return TrainResult(metrics=self.metrics, staleness=stal, summary=summary, config=self.config,
@@ -280,8 +320,8 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
                           checkpoint_every=checkpoint_every, checkpoint_path=checkpoint_path)
         if saved is not None:   # checked before on_start writes anything
             checkpoint.check_matches(resume, saved, run)
-        if on_start is not None:
-            on_start(resolved)
+        if on_start is not None:   # (configuration, metrics so far: those of the checkpoint when resuming)
+            on_start(resolved, list(saved["run"]["metrics"]) if saved is not None else [])
         if saved is None:
             run.evaluate()   # epoch 0: the initial weights
             runtime.run(run, seed=seed)

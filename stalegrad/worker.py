@@ -100,6 +100,13 @@ class BatchStream:
         self.pos += self.batch_size
         return idx
 
+    def extend(self, indices: Tensor) -> None:
+        """Adopt more samples (a lost worker's shard): shuffled, they join the rest of
+        the current pass and are part of every later pass."""
+        indices = torch.as_tensor(indices, dtype=self.pool.dtype)
+        self.pool = torch.cat([self.pool, indices])
+        self.order = torch.cat([self.order, indices[torch.randperm(len(indices), generator=self.rng)]])
+
     def state_dict(self) -> dict:
         return {"order": self.order, "pos": self.pos, "rng": self.rng.get_state()}
 

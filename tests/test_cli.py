@@ -187,3 +187,69 @@ def test_fashion_mnist_end_to_end(tmp_path, capsys):
     assert code == 0, err
     s = read_run(tmp_path / "r")["summary"]
     assert s["samples"] >= 6000 and s["final_test_acc"] > 0.5
+
+
+def _files(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path, capsys, monkeypatch):
+    from stalegrad.server import ParameterServer
+    args = ["train", "--algo", "dcasgd-a", "--workers", 4, "--delay", "gamma:2", "--dataset", "digits",
+            "--epochs", 2, "--batch-size", 32, "--checkpoint-every", 10, "--eval-every", 0.5, "--quiet"]
+    assert cli(capsys, *args, "--out", tmp_path / "full")[0] == 0
+    original = ParameterServer.push
+
+    def push(self, worker, msg, lr):
+        if self.version == 25:
+            raise KeyboardInterrupt
+        return original(self, worker, msg, lr)
+    monkeypatch.setattr(ParameterServer, "push", push)
+    code, _, err = cli(capsys, *args, "--out", tmp_path / "cut")
+    assert code == 130 and "interrupted" in err
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    monkeypatch.setattr(ParameterServer, "push", original)
+    code, out, err = cli(capsys, "train", "--resume", tmp_path / "cut", "--quiet")
+    assert code == 0, err
+    full, resumed = read_run(tmp_path / "full"), read_run(tmp_path / "cut")
+    assert resumed["summary"]["weights_sha256"] == full["summary"]["weights_sha256"]
+    strip = lambda ms: [{k: v for k, v in m.items() if k != "wall_s"} for m in ms]
+    assert strip(resumed["metrics"]) == strip(full["metrics"])
+    assert resumed["staleness"] == full["staleness"]
+
+
+def test_resume_can_extend_the_epochs(tmp_path, capsys):
+    args = ["train", "--algo", "agn", "--dataset", "synthetic", "--model", "logreg", "--epochs", 1,
+            "--checkpoint-every", 5, "--quiet", "--out", tmp_path]
+    assert cli(capsys, *args)[0] == 0
+    first = read_run(tmp_path)["summary"]
+    code, _, err = cli(capsys, "train", "--resume", tmp_path, "--epochs", 2, "--quiet")
+    assert code == 0, err
+    second = read_run(tmp_path)
+    assert second["summary"]["samples"] >= 2 * 4096 > first["samples"]
+    assert second["config"]["epochs"] == 2
+
+
+def test_mismatched_or_corrupt_checkpoint_changes_nothing(tmp_path, capsys):
+    base = ["--dataset", "synthetic", "--model", "logreg", "--epochs", 1, "--checkpoint-every", 5, "--quiet"]
+    assert cli(capsys, "train", "--algo", "asgd", *base, "--out", tmp_path / "a")[0] == 0
+    assert cli(capsys, "train", "--algo", "dcasgd-c", *base, "--out", tmp_path / "b")[0] == 0
+    (tmp_path / "a" / "checkpoint.pt").write_bytes((tmp_path / "b" / "checkpoint.pt").read_bytes())
+    before = _files(tmp_path / "a")
+    code, _, err = cli(capsys, "train", "--resume", tmp_path / "a", "--quiet")
+    assert code == 2 and "algorithm" in err and len(err.strip().splitlines()) == 1
+    assert _files(tmp_path / "a") == before
+    (tmp_path / "a" / "checkpoint.pt").write_bytes(b"garbage")
+    before = _files(tmp_path / "a")
+    code, _, err = cli(capsys, "train", "--resume", tmp_path / "a", "--quiet")
+    assert code == 2 and "corrupt" in err
+    assert _files(tmp_path / "a") == before
+
+
+def test_resume_refuses_other_options_and_non_runs(tmp_path, capsys):
+    code, _, err = cli(capsys, "train", "--resume", tmp_path, "--quiet")
+    assert code == 2 and "no config.json" in err
+    code, _, err = cli(capsys, "train", "--resume", tmp_path, "--workers", 3)
+    assert code == 2 and "drop --workers" in err
+    code, _, err = cli(capsys, "train", "--algo", "agn")
+    assert code == 2 and "--out DIR is required" in err

@@ -103,6 +103,8 @@ class _EventLoop:
                     parked.clear()
             if run.checkpoint_due():
                 run.save_checkpoint(self.state_dict())
+        if run.checkpoint_path is not None:   # the final state, so that a run can be extended
+            run.save_checkpoint(self.state_dict())
 
 
 class _Replay:
@@ -184,6 +186,8 @@ class _Replay:
                     self.pull(k)
             if run.checkpoint_due():
                 run.save_checkpoint(self.state_dict())
+        if run.checkpoint_path is not None:   # the final state, so that a run can be extended
+            run.save_checkpoint(self.state_dict())
 
 
 def _as_tuple(x):
