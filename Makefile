@@ -31,6 +31,7 @@ data: install
 demo: data
 	$(BIN)/stalegrad compare --algos sgd,asgd,dcasgd-c,dcasgd-a,agn --workers 8 --dataset fashion-mnist --model mlp \
 	  --epochs 10 --batch-size 128 --out runs/demo --overwrite
+	$(BIN)/stalegrad plot runs/demo --out runs/demo/curves.png --title "Fashion-MNIST, 8 simulated workers"
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -369,6 +369,30 @@ def _table(rows: list[dict], params: dict, base: str) -> str:
     return "\n".join(lines)
 
 
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="image file (.png, .pdf, .svg)")
+@click.option("--x", "x_axis", default="virtual_s", show_default=True, help="virtual_s, wall_s, epoch, updates or samples")
+@click.option("--y", "y_axis", default="test_acc", show_default=True, help="test_acc, test_loss, train_loss, tau_mean or lr")
+@click.option("--no-staleness", is_flag=True, help="leave out the staleness histogram panel")
+@click.option("--title", default=None)
+def plot(runs, out, x_axis, y_axis, no_staleness, title):
+    """Plot the metric curves (and tau histograms) of run directories.
+
+    A compare directory stands for all its runs.
+    """
+    from .plot import PlotError, plot_runs
+    dirs = []
+    for r in map(Path, runs):
+        inner = sorted(p.parent for p in r.glob("*/summary.json")) if not (r / "summary.json").exists() else []
+        dirs.extend(inner or [r])
+    try:
+        path = plot_runs(dirs, out, x=x_axis, y=y_axis, staleness=not no_staleness, title=title)
+    except (PlotError, OutputError) as e:
+        raise UserError(str(e)) from None
+    click.echo(f"wrote {path}")
+
+
 @cli.command("algorithms")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def algorithms_cmd(as_json):

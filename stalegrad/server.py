@@ -34,18 +34,23 @@ class StalenessLog:
         self.workers.append(worker)
         self.taus.append(tau)
 
+    @property
+    def mean(self) -> float:
+        return sum(self.taus) / len(self.taus) if self.taus else 0.0
+
     def summary(self) -> dict:
         taus, workers = self.taus, self.workers
         hist = Counter(taus)
-        per_worker = []
-        for m in range(self.num_workers):
-            mine = [t for w, t in zip(workers, taus) if w == m]
-            per_worker.append({
-                "worker": m,
-                "updates": len(mine),
-                "tau_mean": sum(mine) / len(mine) if mine else None,
-                "tau_max": max(mine) if mine else None,
-            })
+        count = [0] * self.num_workers
+        total = [0] * self.num_workers
+        peak: list[int | None] = [None] * self.num_workers
+        for w, t in zip(workers, taus):
+            count[w] += 1
+            total[w] += t
+            peak[w] = t if peak[w] is None or t > peak[w] else peak[w]
+        per_worker = [{"worker": m, "updates": count[m],
+                       "tau_mean": total[m] / count[m] if count[m] else None, "tau_max": peak[m]}
+                      for m in range(self.num_workers)]
         return {
             "updates": len(taus),
             "tau_mean": sum(taus) / len(taus) if taus else 0.0,

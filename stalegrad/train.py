@@ -182,7 +182,7 @@ class TrainingRun:
             "train_loss": self._loss_sum / self._loss_count if self._loss_count else None,
             "test_loss": None,
             "test_acc": None,
-            "tau_mean": (sum(stal.taus) / len(stal.taus)) if stal.taus else 0.0,
+            "tau_mean": stal.mean,
             "nonfinite_skipped": self.server.nonfinite_skipped,
         }
         self._loss_sum, self._loss_count = 0.0, 0
