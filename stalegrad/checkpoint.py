@@ -15,11 +15,11 @@ and plain Python values, never arbitrary pickled objects.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .results import atomic_open
 from .server import to_device
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -60,18 +60,8 @@ def capture(run, runtime_state: dict) -> dict:
 
 
 def save(path: str | os.PathLike, state: dict) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path) as f:
+        torch.save(state, f)
 
 
 def load(path: str | os.PathLike) -> dict:

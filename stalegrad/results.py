@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,11 +26,14 @@ class OutputError(ValueError):
     pass
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+@contextmanager
+def atomic_open(path: str | os.PathLike):
+    """A binary file that replaces ``path`` only once it is completely written."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -37,6 +41,11 @@ def atomic_write(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    with atomic_open(path) as f:
+        f.write(data)
 
 
 def write_json(path: Path, obj) -> None:
@@ -80,9 +89,8 @@ class RunWriter:
         write_json(self.dir / "summary.json", result.summary)
         payload = {"state_dict": result.model.state_dict(), "weights": result.weights.cpu(),
                    "model": model_spec or {}, "summary": result.summary}
-        tmp = self.dir / ".model.pt.tmp"
-        torch.save(payload, tmp)
-        os.replace(tmp, self.dir / "model.pt")
+        with atomic_open(self.dir / "model.pt") as f:
+            torch.save(payload, f)
 
 
 def read_run(run_dir: str | os.PathLike) -> dict:
