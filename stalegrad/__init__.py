@@ -9,12 +9,12 @@
 from .algorithms import (AEASGD, AGN, ALGORITHMS, ASGD, DCASGDAdaptive, DCASGDConstant, SGD, SSGD,
                          Algorithm, Downpour, DynSGD, EASGD, make_algorithm)
 from .data import Dataset, load_dataset, load_pair  # noqa: E402
-from .runtimes import Simulator
+from .runtimes import LocalRuntime, Simulator
 from .server import ParameterServer
 from .train import TrainResult, train
 
 __version__ = "0.1.0"
 
-__all__ = ["train", "TrainResult", "Simulator", "ParameterServer", "load_dataset", "load_pair", "Dataset",
+__all__ = ["train", "TrainResult", "Simulator", "LocalRuntime", "ParameterServer", "load_dataset", "load_pair", "Dataset",
            "ALGORITHMS", "make_algorithm", "Algorithm", "SGD", "SSGD", "ASGD", "DCASGDConstant",
            "DCASGDAdaptive", "AGN", "Downpour", "DynSGD", "EASGD", "AEASGD"]

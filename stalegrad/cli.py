@@ -82,7 +82,16 @@ def run_options(f):
         click.option("--delay", default="uniform", show_default=True, help="simulator delay model: " + ", ".join(DELAY_MODELS)),
         click.option("--step-time", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
                      help="virtual seconds of one local step of a speed-1 worker"),
-        click.option("--runtime", type=click.Choice(RUNTIMES), default="sim", show_default=True),
+        click.option("--vectorised", is_flag=True,
+                     help="--runtime sim: compute the gradients of waiting workers in one batched call "
+                          "(gradient algorithms; see docs/performance.md)"),
+        click.option("--runtime", type=click.Choice(RUNTIMES), default="sim", show_default=True,
+                     help="sim: deterministic simulator; local: real worker processes on this machine"),
+        click.option("--threads-per-worker", type=click.IntRange(min=1), default=None,
+                     help="--runtime local: torch threads of each worker process  [default: max(1, cores // M)]"),
+        click.option("--record-trace", type=click.Path(dir_okay=False), default=None,
+                     help="--runtime local: write the real order of pushes to this CSV "
+                          "(replay it with --runtime sim --delay trace:FILE)"),
         click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N]"),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -171,7 +180,6 @@ def _train_one(algo_name: str, params: dict, train_set, test_set, out: Path, pro
     from .checkpoint import CHECKPOINT_FILE, CheckpointError
     from .models import build_model
     from .results import RunWriter
-    from .runtimes import Simulator
     from .train import train
 
     p = dict(params)
@@ -188,12 +196,7 @@ def _train_one(algo_name: str, params: dict, train_set, test_set, out: Path, pro
             raise UserError(f"--device {p['device']}: CUDA is not available on this machine; use --device cpu")
     if p["hidden"] is not None and p["model"] != "mlp":
         raise UserError(f"--hidden applies to --model mlp only, not {p['model']}")
-    try:
-        simulator = Simulator(delay=p["delay"], step_time=p["step_time"])
-        from .delays import parse_delay
-        parse_delay(p["delay"], workers)        # validate before any work
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    runtime = _build_runtime(p, workers)
     shape, classes = tuple(train_set.x.shape[1:]), train_set.num_classes
     try:
         import torch
@@ -216,7 +219,7 @@ def _train_one(algo_name: str, params: dict, train_set, test_set, out: Path, pro
     model_spec = {"name": p["model"], "input_shape": list(shape), "num_classes": classes,
                   "hidden": list(p["hidden"]) if p["hidden"] else None}
     try:
-        result = train(module, train_set, test_set, algorithm, workers, simulator, epochs=p["epochs"],
+        result = train(module, train_set, test_set, algorithm, workers, runtime, epochs=p["epochs"],
                        batch_size=batch, lr=p["lr"], lr_milestones=p["lr_milestones"] or (), lr_gamma=p["lr_gamma"],
                        eval_every=p["eval_every"], partition=p["partition"], seed=p["seed"], device=p["device"],
                        on_nonfinite=p["on_nonfinite"], progress=progress, config=config,
@@ -227,6 +230,35 @@ def _train_one(algo_name: str, params: dict, train_set, test_set, out: Path, pro
         raise UserError(str(e)) from None
     writer.finish(result, model_spec)
     return result
+
+
+def _build_runtime(p: dict, workers: int):
+    """The runtime that --runtime names, with its options checked (UserError otherwise)."""
+    from .runtimes import LocalRuntime, Simulator
+    if p["runtime"] == "local":
+        if p["delay"] != "uniform" or p["step_time"] != 1.0:
+            flag = "--delay" if p["delay"] != "uniform" else "--step-time"
+            raise UserError(f"{flag} applies to --runtime sim; --runtime local measures real delays "
+                            "(record them with --record-trace FILE, replay them with --runtime sim --delay trace:FILE)")
+        if p.get("checkpoint_every"):
+            raise UserError("--checkpoint-every: the local runtime does not write checkpoints yet; use --runtime sim")
+        if p.get("vectorised"):
+            raise UserError("--vectorised applies to --runtime sim")
+        trace = p.get("record_trace")
+        if trace is not None and not Path(trace).resolve().parent.is_dir():
+            raise UserError(f"--record-trace {trace}: the directory {Path(trace).parent} does not exist")
+        return LocalRuntime(threads_per_worker=p.get("threads_per_worker"), record_trace=trace)
+    if p.get("record_trace") is not None:
+        raise UserError("--record-trace records a real run: use it with --runtime local "
+                        "(--runtime sim replays a recorded trace with --delay trace:FILE)")
+    if p.get("threads_per_worker") is not None:
+        raise UserError("--threads-per-worker applies to --runtime local only")
+    try:
+        from .delays import parse_delay
+        parse_delay(p["delay"], workers)        # validate before any work
+        return Simulator(delay=p["delay"], step_time=p["step_time"], vectorised=bool(p.get("vectorised")))
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def _summary_line(name: str, res, out: Path) -> str:
@@ -328,6 +360,8 @@ def compare(ctx, algos, out, **params):
         raise UserError(f"--algos: unknown algorithm {unknown[0] if unknown else '(none)'!r}; "
                         f"choose from {', '.join(ALGORITHMS)}")
     workers = params["workers"]
+    if params.get("record_trace") is not None:
+        raise UserError("--record-trace records one run: use it with 'stalegrad train'")
     train_set, test_set = _load_data(params)
     out = Path(out)
     rows, curves = [], {}

@@ -7,6 +7,8 @@ or real, drives the same two calls: ``pull(worker)`` and ``push(worker, msg)``.
 """
 from __future__ import annotations
 
+import math
+import struct
 from array import array
 from collections import Counter
 
@@ -16,6 +18,16 @@ from torch import Tensor
 from .algorithms import Algorithm
 
 ON_NONFINITE = ("skip", "stop")
+
+# Element-wise rules (see algorithms.base.elementwise) on vectors of at least
+# CHUNK_ABOVE elements run on the CPU in chunks of CHUNK elements (1 MiB of
+# float32): the intermediate results of a chunk, and its NaN/Inf check, stay
+# in cache, where a whole-vector rule makes one pass over main memory per
+# tensor operation (and allocates its temporaries whole). Below CHUNK_ABOVE
+# (16 MiB) the vectors share the L3 cache anyway and one call per operation is
+# cheaper. Measured by benchmarks/chunk_sweep.py, see docs/performance.md.
+CHUNK = 1 << 18
+CHUNK_ABOVE = 1 << 22
 
 
 class NonFiniteError(RuntimeError):
@@ -91,16 +103,19 @@ class ParameterServer:
         NaN/Inf is never applied: it is counted, or raises NonFiniteError.
         """
         tau = self.version - self.pulled_version[worker]
-        finite = self._check_finite(msg, f"message from worker {worker}")
+        span = self._extremes(msg)
+        finite = math.isfinite(span[0]) and math.isfinite(span[1])
+        if not finite:
+            self._nonfinite(f"message from worker {worker}")
         if self.algorithm.synchronous:
             self.round[worker] = msg if finite else None
             return self._maybe_close_round(lr)
         if not finite:
             return False
-        self.algorithm.server_delta(self.state, self.w, worker, msg, tau, lr, self._delta)
-        if not self._check_finite(self._delta, f"update from worker {worker}"):
+        rule = self.algorithm.server_delta
+        if not self._apply(lambda state, w, g, out: rule(state, w, worker, g, tau, lr, out),
+                           getattr(rule, "elementwise", False), msg, span, f"update from worker {worker}"):
             return False
-        self.w.add_(self._delta)
         self.version += 1
         self.staleness.record(worker, tau)
         return True
@@ -148,27 +163,140 @@ class ParameterServer:
         self.round.clear()
         if not msgs:
             return False
-        self.algorithm.round_delta(self.state, self.w, msgs, lr, self._delta)
-        if not self._check_finite(self._delta, "synchronous round update"):
+        rule = self.algorithm.round_delta
+        if not self._apply(lambda state, w, gs, out: rule(state, w, gs, lr, out),
+                           getattr(rule, "elementwise", False), msgs, None, "synchronous round update"):
             return False
-        self.w.add_(self._delta)
         for m in msgs:
             self.staleness.record(m, self.version - self.pulled_version[m])
         self.version += 1
         return True
 
-    def _check_finite(self, t: Tensor, what: str) -> bool:
+    def _apply(self, rule, elementwise: bool, msg, span, what: str) -> bool:
+        """Run ``rule(state, w, msg, out)``, check the update, add it to ``w``.
+
+        The rule writes the update into ``out`` (and returns None) or returns
+        ``(t, s)`` for the update ``s*t``. ``msg`` is the message (or the dict
+        of a round's messages); ``span`` its (min, max), known finite, when it
+        is one tensor. Returns True when the update was finite and applied.
+
+        An element-wise rule on the CPU runs on chunks of ``CHUNK`` elements of
+        everything (weights, messages, state, ``out``), each chunk checked while
+        still in cache; the chunks are added once all of them are known finite,
+        so that an update is applied whole or not at all.
+        """
+        delta, w = self._delta, self.w
+        n = delta.numel()
+        if not elementwise or delta.device.type != "cpu" or delta.dim() != 1 or n < CHUNK_ABOVE:
+            t, s = self._step(rule(self.state, w, msg, delta), delta)
+            if not self._scaled_finite(t, s, span if t is msg else None):
+                return self._nonfinite(what)
+            w.add_(t) if s == 1.0 else w.add_(t, alpha=s)
+            return True
+        steps, finite = [], True
+        one = isinstance(msg, Tensor)
+        whole = {"msg", "out"}   # the whole update is s*msg or s*out: add it in one call
+        for a in range(0, n, CHUNK):
+            b = min(a + CHUNK, n)
+            m = msg[a:b] if one else {k: g[a:b] for k, g in msg.items()}
+            out = delta[a:b]
+            t, s = self._step(rule(_StateChunk.of(self.state, n, a, b), w[a:b], m, out), out)
+            # the state updates of every chunk happen even when an earlier chunk failed
+            finite = finite and self._scaled_finite(t, s, span if t is m else None)
+            whole &= {"msg" if t is m else "out" if t is out else None}
+            steps.append((a, b, t, s))
+        if not finite:
+            return self._nonfinite(what)
+        if whole and len({s for *_, s in steps}) == 1:
+            t = msg if whole == {"msg"} else delta
+            w.add_(t) if s == 1.0 else w.add_(t, alpha=s)
+            return True
+        for a, b, t, s in steps:
+            w[a:b].add_(t) if s == 1.0 else w[a:b].add_(t, alpha=s)
+        return True
+
+    @staticmethod
+    def _step(result, out: Tensor) -> tuple[Tensor, float]:
+        return (out, 1.0) if result is None else (result[0], float(result[1]))
+
+    @staticmethod
+    def _extremes(t: Tensor) -> tuple[float, float]:
         # min and max propagate NaN and Inf, and one fused pass over t is ~10x
         # cheaper than materialising isfinite(t).
         lo, hi = torch.aminmax(t)
-        if bool(torch.isfinite(lo) & torch.isfinite(hi)):
+        return lo.item(), hi.item()
+
+    def _scaled_finite(self, t: Tensor, s: float, span: tuple[float, float] | None) -> bool:
+        """Whether s*t, rounded to float32, is finite everywhere (``span``: t's min and max, if known)."""
+        lo, hi = self._extremes(t) if span is None else span
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return False
+        if s == 1.0:
             return True
+        s32 = _float32(s)
+        if not math.isfinite(s32):
+            return False
+        # float32 products are exact in double; they round to inf from (2 - 2**-24) * 2**127 up
+        return max(abs(s32 * lo), abs(s32 * hi)) < _F32_OVERFLOW
+
+    def _check_finite(self, t: Tensor, what: str) -> bool:
+        lo, hi = self._extremes(t)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return True
+        return self._nonfinite(what)
+
+    def _nonfinite(self, what: str) -> bool:
         if self.on_nonfinite == "stop":
             raise NonFiniteError(f"{what} contains NaN or Inf (version {self.version}); "
                                  "lower --lr, or pass --on-nonfinite skip to drop such updates")
         self.nonfinite_skipped += 1
         return False
 
+
+_F32_OVERFLOW = (2 - 2 ** -24) * 2.0 ** 127
+
+
+def _float32(x: float) -> float:
+    """x rounded to float32, as tensor arithmetic rounds a Python scalar."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+class _StateChunk:
+    """Elements [a, b) of an algorithm's state, in the same layout.
+
+    Tensors shaped like the weights (length n) become views of that range;
+    lists and tuples of them (one per worker) are sliced when indexed; every
+    other value is passed through.
+    """
+
+    __slots__ = ("seq", "n", "a", "b")
+
+    def __init__(self, seq, n: int, a: int, b: int):
+        self.seq, self.n, self.a, self.b = seq, n, a, b
+
+    @staticmethod
+    def of(obj, n: int, a: int, b: int):
+        if isinstance(obj, Tensor):
+            return obj[a:b] if obj.dim() == 1 and obj.shape[0] == n else obj
+        if isinstance(obj, dict):
+            return {k: _StateChunk.of(v, n, a, b) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return _StateChunk(obj, n, a, b)
+        return obj
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [_StateChunk.of(v, self.n, self.a, self.b) for v in self.seq[i]]
+        return _StateChunk.of(self.seq[i], self.n, self.a, self.b)
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def __iter__(self):
+        return (_StateChunk.of(v, self.n, self.a, self.b) for v in self.seq)
 
 
 def to_device(obj, device):

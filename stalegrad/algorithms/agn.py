@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import local_opt
-from .base import Algorithm, check_nonnegative, check_positive, param
+from .base import Algorithm, check_nonnegative, check_positive, elementwise, param
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,9 @@ class CommitAlgorithm(Algorithm):
             delta.div_(self.window)
         return loss, delta
 
+    @elementwise
     def server_delta(self, state, w, worker, msg, tau, lr, out):
-        out.copy_(msg)
+        return msg, 1.0   # w + commit, added straight from the message
 
 
 @dataclass(frozen=True)

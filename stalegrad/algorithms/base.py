@@ -17,12 +17,18 @@ Server side
     ``server_init(w, num_workers)``            -> server state (a dict)
     ``on_pull(state, worker, w)``              -> record what the worker pulled
     ``server_delta(state, w, worker, msg, tau, lr, out)``
-        write into ``out`` the amount to *add* to ``w`` (asynchronous rules)
+        write into ``out`` the amount to *add* to ``w`` (asynchronous rules),
+        or return a pair ``(t, s)``: the amount is then ``s * t``, which the
+        server adds in one fused pass, ``w.add_(t, alpha=s)`` (the rounding of
+        torch.optim.SGD's ``param.add_(buf, alpha=-lr)``); ``t`` may be the
+        message itself, ``out`` or a state tensor, and is not modified
     ``round_delta(state, w, msgs, lr, out)``
         the same for synchronous rules, given one message per live worker
 
-The server checks ``out`` for NaN/Inf before adding it, so a rule never needs
-to guard its own arithmetic. Rules must not modify ``w`` themselves.
+The server checks the amount for NaN/Inf (``t`` and the overflow of ``s * t``)
+before adding it, so a rule never needs to guard its own arithmetic. Rules
+must not modify ``w`` or the messages themselves. Rules marked ``@elementwise``
+are run on cache-sized chunks of the vectors (see ``elementwise``).
 """
 from __future__ import annotations
 
@@ -36,6 +42,21 @@ from torch import Tensor
 # grad_fn(weights) -> (mini-batch loss, flat gradient). The gradient tensor may
 # be a view of a buffer that the next call overwrites: consume it first.
 GradFn = Callable[[Tensor], "tuple[float, Tensor]"]
+
+
+def elementwise(rule):
+    """Mark a ``server_delta`` or ``round_delta`` as element-wise.
+
+    Element i of ``out`` must depend only on element i of ``w``, of the
+    message(s) and of the state tensors shaped like ``w`` (which the rule may
+    update only in place), and on scalars. The parameter server then runs the
+    rule on cache-sized chunks of all of them: the same numbers, but each
+    chunk's intermediate results stay in cache instead of every tensor
+    operation of the rule making one more pass over memory. An override that is
+    not marked again is run on whole vectors.
+    """
+    rule.elementwise = True
+    return rule
 
 
 def param(default, help: str, flag: str | None = None, choices: tuple | None = None):
@@ -138,12 +159,17 @@ class GradientAlgorithm(Algorithm):
     def server_init(self, w, num_workers):
         return {"momentum_buffer": torch.zeros_like(w)} if self.momentum else {}
 
-    def sgd_step(self, state: dict, w: Tensor, direction: Tensor, lr: float, out: Tensor) -> None:
-        """out = -lr * (momentum buffer of direction + weight_decay * w)."""
+    def sgd_step(self, state: dict, w: Tensor, direction: Tensor, lr: float, out: Tensor) -> tuple[Tensor, float]:
+        """The step -lr * (momentum buffer of (direction + weight_decay * w)), as (t, -lr).
+
+        The order of torch.optim.SGD; ``out`` receives direction + weight_decay*w
+        when there is weight decay (``direction`` may be ``out`` itself). With
+        neither momentum nor weight decay, t is ``direction``: no copy at all.
+        """
         if self.weight_decay:
-            direction = direction.add(w, alpha=self.weight_decay)
+            direction = torch.add(direction, w, alpha=self.weight_decay, out=out)
         if self.momentum:
             buf = state["momentum_buffer"]
             buf.mul_(self.momentum).add_(direction)
             direction = buf
-        torch.mul(direction, -lr, out=out)
+        return direction, -lr

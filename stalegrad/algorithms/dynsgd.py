@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .agn import CommitAlgorithm
+from .base import elementwise
 
 
 @dataclass(frozen=True)
@@ -19,5 +18,6 @@ class DynSGD(CommitAlgorithm):
     summary = "DynSGD (Jiang et al. 2017): the server scales each accumulated commit by 1/(tau+1)"
     rule = "worker: as downpour;  server: w <- w + commit/(tau+1)"
 
+    @elementwise
     def server_delta(self, state, w, worker, msg, tau, lr, out):
-        torch.div(msg, tau + 1, out=out)
+        return msg, 1.0 / (tau + 1)   # w + commit/(tau+1), in one fused pass over the commit

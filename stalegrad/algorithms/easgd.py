@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .agn import CommitAlgorithm
-from .base import check_positive, param
+from .base import check_positive, elementwise, param
 
 
 class _Elastic(CommitAlgorithm):
@@ -60,6 +60,7 @@ class EASGD(_Elastic):
     def alpha(self, num_workers: int) -> float:
         return self.beta / num_workers
 
+    @elementwise
     def round_delta(self, state, w, msgs, lr, out):
         out.zero_()
         for e in msgs.values():
@@ -84,5 +85,6 @@ class AEASGD(_Elastic):
     def alpha(self, num_workers: int) -> float:
         return self.rho * self.elastic_lr
 
+    @elementwise
     def server_delta(self, state, w, worker, msg, tau, lr, out):
-        out.copy_(msg)
+        return msg, 1.0   # c + E, added straight from the message

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import GradientAlgorithm
+from .base import GradientAlgorithm, elementwise
 
 
 @dataclass(frozen=True)
@@ -13,8 +13,9 @@ class SGD(GradientAlgorithm):
     rule = "w <- w - lr*g"
     sequential = True
 
+    @elementwise
     def server_delta(self, state, w, worker, msg, tau, lr, out):
-        self.sgd_step(state, w, msg, lr, out)
+        return self.sgd_step(state, w, msg, lr, out)
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,9 @@ class ASGD(GradientAlgorithm):
     summary = "asynchronous SGD (Downpour with window 1): each gradient is applied as it arrives"
     rule = "w <- w - lr*g_m   (g_m computed on the weights worker m pulled, tau updates ago)"
 
+    @elementwise
     def server_delta(self, state, w, worker, msg, tau, lr, out):
-        self.sgd_step(state, w, msg, lr, out)
+        return self.sgd_step(state, w, msg, lr, out)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,11 @@ class SSGD(GradientAlgorithm):
     rule = "w <- w - lr * mean_m(g_m)   (all g_m computed on the same w)"
     synchronous = True
 
+    @elementwise
     def round_delta(self, state, w, msgs, lr, out):
-        mean = sum(msgs.values()) / len(msgs)
-        self.sgd_step(state, w, mean, lr, out)
+        # mean = (((0 + g_0) + g_1) + ...) / M, summed in ``out`` without temporaries
+        out.zero_()
+        for g in msgs.values():
+            out.add_(g)
+        out.div_(len(msgs))
+        return self.sgd_step(state, w, out, lr, out)

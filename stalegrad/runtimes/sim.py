@@ -34,6 +34,10 @@ class Simulator:
     def run(self, run, seed: int = 0, resume: dict | None = None) -> None:
         """Drive ``run`` to its sample budget; ``resume`` is the state a checkpoint saved."""
         model = self.delay if isinstance(self.delay, DelayModel) else parse_delay(self.delay, run.num_workers)
+        if self.vectorised:   # batched gradients, see vectorised.py; False (with a note): not applicable
+            from .vectorised import run_vectorised
+            if run_vectorised(run, model, self.step_time, random.Random(seed), resume):
+                return
         if isinstance(model, Trace) and not run.algorithm.synchronous:
             loop = _Replay(run, model, self.step_time)
         else:

@@ -1,0 +1,132 @@
+"""1. Server apply: time per update of each rule through ParameterServer.push.
+
+The real path, NaN/Inf checks included, on flat float32 vectors. Bytes an
+update must move: read the gradient and the weights (and the worker's
+snapshot, and its MeanSquare), write the weights (and the MeanSquare). The
+roofline is a large memory copy, ``dst.copy_(src)``, counted as bytes read
+plus written, timed in the same rounds.
+"""
+from __future__ import annotations
+
+import gc
+
+import common  # noqa: F401  (puts the checkout on sys.path)
+import torch
+
+from stalegrad.algorithms import make_algorithm
+from stalegrad.server import ParameterServer
+
+# rule -> float32 vectors each update must read + write
+RULES = {
+    "asgd": 3,        # read g, w; write w
+    "dcasgd-c": 4,    # read g, w, w_bak[m]; write w
+    "dcasgd-a": 6,    # read g, w, w_bak[m], ms[m]; write w, ms[m]
+    "dynsgd": 3,      # read commit, w; write w
+    "agn": 3,         # read commit, w; write w
+}
+WORKERS = 4
+LR = 0.1
+TARGET_FRACTION = 0.5
+TARGET_DCA_VS_ASGD = 2.0
+
+
+def _server(name: str, n: int, gen: torch.Generator) -> tuple[ParameterServer, torch.Tensor]:
+    w0 = torch.randn(n, generator=gen)
+    server = ParameterServer(make_algorithm(name), w0, WORKERS)
+    for m in range(WORKERS):
+        server.pull(m)
+    msg = torch.randn(n, generator=gen).mul_(1e-3)
+    return server, msg
+
+
+def op_costs(n: int, quick: bool) -> dict:
+    """Each tensor operation a rule is made of, alone, in units of the copy's time."""
+    gen = torch.Generator().manual_seed(1)
+    a, b, c = (torch.rand(n, generator=gen).add_(0.5) for _ in range(3))
+    out, src, dst = torch.empty(n), torch.randn(n, generator=gen), torch.empty(n)
+    items = {
+        "copy (dst.copy_(src))": lambda: dst.copy_(src),
+        "aminmax(g)  [NaN/Inf check]": lambda: torch.aminmax(a),
+        "w.add_(g, alpha=-lr)": lambda: b.add_(a, alpha=-1e-9),
+        "ms.mul_(m)": lambda: c.mul_(1.0),
+        "torch.sub(w, w_bak, out=)": lambda: torch.sub(a, b, out=out),
+        "ms.addcmul_(g, g)": lambda: c.addcmul_(a, a, value=0.0),
+        "x.sqrt_()": lambda: out.copy_(c).sqrt_(),
+        "torch.addcdiv(g, x, d, out=)": lambda: torch.addcdiv(a, b, c, value=1e-9, out=out),
+    }
+    for f in items.values():
+        f()
+    times = common.interleaved(items, 3 if quick else 5, 3 if quick else 5)
+    base = times["copy (dst.copy_(src))"]
+    sqrt = [s - c for s, c in zip(times["x.sqrt_()"], base)]   # minus the copy that refills x
+    times["x.sqrt_()"] = sqrt
+    return {k: {"ms": common.median(v) * 1e3, "x_copy": common.median_ratio(v, base)} for k, v in times.items()}
+
+
+def run(quick: bool = False) -> dict:
+    sizes = [1_000_000] if quick else [1_000_000, 10_000_000]
+    rows, ops = [], {}
+    for n in sizes:
+        gen = torch.Generator().manual_seed(0)
+        src, dst = torch.randn(n, generator=gen), torch.empty(n)
+        servers = {name: _server(name, n, gen) for name in RULES}
+        items = {"copy": lambda: dst.copy_(src)}
+        for name, (server, msg) in servers.items():
+            # push from worker 1 again and again: its snapshot (and MeanSquare) are read every time
+            items[name] = (lambda s=server, g=msg: s.push(1, g, LR))
+            items[name]()   # warm: first touch of every buffer
+        small = n <= 2_000_000
+        rounds = (3 if quick else 7)
+        calls = (5 if small else 3) if quick else (10 if small else 4)
+        times = common.interleaved(items, rounds, calls)
+        copy_t = common.median(times["copy"])
+        copy_bw = 2 * 4 * n / copy_t
+        asgd = times["asgd"]
+        for name, vectors in RULES.items():
+            t = times[name]
+            # bytes/s as a fraction of copy bandwidth = (vectors/2) * t_copy / t, per round
+            frac = common.median([(vectors / 2) * c / x for x, c in zip(t, times["copy"])])
+            row = {"n": n, "rule": name, "ms": common.median(t) * 1e3, "vectors": vectors,
+                   "gb_s": vectors * 4 * n / common.median(t) / 1e9, "fraction_of_copy": frac,
+                   "vs_asgd": common.median_ratio(t, asgd), "copy_gb_s": copy_bw / 1e9,
+                   "copy_ms": copy_t * 1e3}
+            rows.append(row)
+        servers.clear(), items.clear()
+        del src, dst
+        gc.collect()
+        ops[n] = op_costs(n, quick)
+    ok_frac = all(r["fraction_of_copy"] >= TARGET_FRACTION for r in rows)
+    ok_ratio = all(r["vs_asgd"] <= TARGET_DCA_VS_ASGD for r in rows if r["rule"] == "dcasgd-a")
+    return {
+        "rows": rows, "op_costs": ops,
+        "targets": {"fraction_of_copy >= 0.5 (every rule)": ok_frac, "dcasgd-a / asgd <= 2": ok_ratio},
+        "table": table(rows) + "\n\nOne tensor operation alone, time as a multiple of the copy's:\n\n" + op_table(ops),
+    }
+
+
+def op_table(ops: dict) -> str:
+    sizes = list(ops)
+    names = list(ops[sizes[0]])
+    cols = ["operation"] + [f"{n / 1e6:g}M: ms (x copy)" for n in sizes]
+    body = [[name] + [f"{ops[n][name]['ms']:.3f} ({ops[n][name]['x_copy']:.2f})" for n in sizes] for name in names]
+    return common.table(cols, body)
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["params", "rule", "ms/update", "vectors moved", "GB/s", "copy GB/s", "fraction of copy (>=0.5)",
+            "time vs asgd"]
+    body = []
+    for r in rows:
+        target = "" if r["rule"] != "dcasgd-a" else " (<=2)"
+        body.append([f"{r['n'] / 1e6:g}M", r["rule"], f"{r['ms']:.3f}", r["vectors"], f"{r['gb_s']:.1f}",
+                     f"{r['copy_gb_s']:.1f}",
+                     f"{r['fraction_of_copy']:.2f} {common.verdict(r['fraction_of_copy'] >= TARGET_FRACTION)}",
+                     f"{r['vs_asgd']:.2f}{target}"])
+    return common.table(cols, body)
+
+
+if __name__ == "__main__":
+    import sys
+    res = run("--quick" in sys.argv)
+    print(res["table"])
+    print(res["targets"], common.load())

@@ -1,0 +1,83 @@
+"""Data and timing wrappers shared by the simulator benchmarks."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import common  # noqa: F401
+import torch
+
+from stalegrad.runtimes import Simulator
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+def image_data(n_train: int, n_test: int = 1000, seed: int = 0):
+    """MNIST-shaped data: Fashion-MNIST when it is installed, else synthetic.
+
+    Returns (train, test, source). Synthetic: class-dependent means plus
+    noise, (1,28,28) float32, 10 classes, generated here from ``seed``.
+    """
+    if FASHION.is_dir():
+        try:
+            from stalegrad.data import load_pair
+            train, test = load_pair("fashion-mnist", FASHION)
+            train.x, train.y = train.x[:n_train].contiguous(), train.y[:n_train].contiguous()
+            test.x, test.y = test.x[:n_test].contiguous(), test.y[:n_test].contiguous()
+            return train, test, "fashion-mnist"
+        except Exception:   # unreadable: fall through to synthetic
+            pass
+    gen = torch.Generator().manual_seed(seed)
+    means = torch.randn(10, 1, 28, 28, generator=gen)
+
+    def split(n):
+        y = torch.randint(0, 10, (n,), generator=gen)
+        x = means[y] + torch.randn(n, 1, 28, 28, generator=gen)
+        return SimpleNamespace(x=x.contiguous(), y=y, num_classes=10)
+
+    return split(n_train), split(n_test), "synthetic (1,28,28)"
+
+
+class TimedSimulator(Simulator):
+    """The simulator, timing only its event loop (no evaluation, no set-up)."""
+
+    def run(self, *args, **kwargs):
+        t = common.clock()
+        super().run(*args, **kwargs)
+        self.elapsed = common.clock() - t
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakRSS:
+    """Peak resident memory while a block runs, sampled every ``every`` seconds."""
+
+    def __init__(self, every: float = 0.02):
+        self.every, self.peak, self.base = every, 0, 0
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.base = self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self):
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.base) / 2**20

@@ -1,0 +1,204 @@
+"""Vectorised simulation (``Simulator(vectorised=True)``, ``--vectorised``).
+
+A worker's gradient depends only on the weights it pulled and on its own next
+mini-batch, both fixed when it starts. So the simulator need not compute it
+when the worker starts, nor one worker at a time: it keeps the started
+workers waiting, and when the event loop pops a worker whose gradient is not
+computed yet, it computes the gradients of *all* waiting workers in one
+batched call, ``torch.func.vmap`` over ``grad_and_value`` of the model's
+``functional_call``, on their stacked weights and mini-batches. Under round
+robin that is M workers' gradients every M events.
+
+Everything else is the one-by-one event loop (``sim._EventLoop``): the same
+heap, the same delay draws, the same pulls (and snapshots) at the same
+versions, and the server applies the pushes one at a time, in event order. The
+result equals the one-by-one mode's to floating-point tolerance (batched
+matrix products sum in another order); ``tests/test_vectorised.py`` checks the
+final weights and the (worker, tau) sequence.
+
+BatchNorm: each gradient uses its own mini-batch's statistics, as in the
+one-by-one mode. The running statistics that the one-by-one mode updates in
+every forward pass are updated here from each mini-batch's mean and variance,
+collected during the batched call and folded in when that worker's event is
+popped, so evaluations in between see the same statistics.
+
+Scope: the gradient algorithms (sgd, ssgd, asgd, dcasgd-c, dcasgd-a), whose
+message is one gradient at the pulled weights. Commit and elastic algorithms
+(agn, downpour, dynsgd, easgd, aeasgd) take local steps that depend on each
+other, trace replays pull at recorded versions, checkpoints save the streams
+of the workers mid-flight, and dropout draws random numbers per worker: for
+those the simulator runs one worker at a time, as without the flag, and says
+so in the run's notes (``summary.json``).
+"""
+from __future__ import annotations
+
+import heapq
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..algorithms.base import GradientAlgorithm
+from ..delays import Trace
+from ..worker import FlatModel
+from .sim import _EventLoop
+
+# The stacked weights and gradients of one batched call stay under this many bytes.
+GROUP_BYTES = 256 * 2**20
+
+
+def unsupported(run, delay, resume) -> str | None:
+    """Why this run cannot be vectorised, or None."""
+    algo = type(run.algorithm)
+    if not (issubclass(algo, GradientAlgorithm) and algo.worker_compute is GradientAlgorithm.worker_compute
+            and algo.worker_finish is GradientAlgorithm.worker_finish and run.algorithm.pull_before_compute):
+        return (f"{run.algorithm.name} does not send one gradient at the pulled weights (only sgd, ssgd, asgd, "
+                "dcasgd-c and dcasgd-a do)")
+    if isinstance(delay, Trace) and not run.algorithm.synchronous:
+        return "a trace replay pulls at recorded versions"
+    if resume is not None or getattr(run, "checkpoint_path", None) is not None:
+        return "checkpoints record the workers' mini-batch streams one event at a time"
+    if getattr(run, "evaluator", None) is not None:
+        return "this run evaluates asynchronously"
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in run.model.module.modules()):
+        return "the model has dropout, whose random draws differ between batched and one-by-one calls"
+    return None
+
+
+def run_vectorised(run, delay, step_time: float, rng, resume=None) -> bool:
+    """Drive ``run`` with batched gradients; False (and a note) when it cannot."""
+    why = unsupported(run, delay, resume)
+    if why is not None:
+        run.notes.append(f"vectorised simulation not used: {why}; the workers ran one at a time")
+        return False
+    loop = _VectorisedLoop(run, delay, step_time, rng)
+    loop.begin()
+    loop.run()
+    return True
+
+
+class BatchedGradient:
+    """Loss and flat gradient of a FlatModel's module for K weight vectors at once.
+
+    ``__call__(W, X, Y)``: W is (K, n) flat weights, X (K, B, ...) and Y (K, B)
+    K mini-batches; returns the K mean losses, the (K, n) gradients and, per
+    BatchNorm layer with running statistics, the (K, C) batch means and
+    unbiased variances.
+
+    ``vmap`` over ``grad_and_value`` of the loss of ``functional_call``, with
+    the parameters given as (K, *shape) views of W, one per parameter: that is
+    faster than slicing one (K, n) input inside the transformed function
+    (whose backward zero-fills a (K, n) gradient per parameter).
+    """
+
+    def __init__(self, model: FlatModel):
+        from torch.func import functional_call, grad_and_value, vmap
+
+        module = model.module
+        self.module = module
+        self.layout = []
+        offset = 0
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                self.layout.append((name, offset, offset + p.numel(), p.shape))
+                offset += p.numel()
+        if offset != model.numel:
+            raise ValueError("the model's trainable parameters do not match its flat vector")
+        self.norms = [m for m in module.modules()
+                      if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        self._stats: list = []
+
+        def loss(params: dict, x: Tensor, y: Tensor):
+            self._stats = []
+            logits = functional_call(module, params, (x,))
+            # cross-entropy as log_softmax + gather: under vmap F.cross_entropy's nll_loss runs a
+            # Python decomposition, ~20% of a small model's batched call
+            out = -logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).mean()
+            return out, tuple(self._stats)
+
+        self._batched = vmap(grad_and_value(loss, has_aux=True), randomness="error")
+
+    def _collect(self, norm, args) -> None:
+        # The input of a BatchNorm layer: its batch statistics, as its running update would use them.
+        x = args[0].detach()
+        dims = [d for d in range(x.dim()) if d != 1]
+        self._stats.append((x.mean(dims), x.var(dims, unbiased=True)))
+
+    def __call__(self, W: Tensor, X: Tensor, Y: Tensor):
+        K = W.shape[0]
+        params = {name: W[:, a:b].view(K, *shape) for name, a, b, shape in self.layout}
+        self.module.train()
+        hooks = [m.register_forward_pre_hook(self._collect) for m in self.norms]
+        for m in self.norms:            # batch statistics only: the running ones are folded in later
+            m.track_running_stats = False
+        try:
+            grads, (losses, stats) = self._batched(params, X, Y)
+        finally:
+            for m in self.norms:
+                m.track_running_stats = True
+            for h in hooks:
+                h.remove()
+        flat = torch.cat([grads[name].reshape(K, -1) for name, *_ in self.layout], dim=1)
+        return losses, flat, stats
+
+    def fold_running_stats(self, stats) -> None:
+        """Update the running statistics with one mini-batch's ((mean, var) per layer), as F.batch_norm does."""
+        with torch.no_grad():
+            for m, (mean, var) in zip(self.norms, stats):
+                m.num_batches_tracked.add_(1)
+                f = m.momentum if m.momentum is not None else 1.0 / float(m.num_batches_tracked)
+                m.running_mean.mul_(1 - f).add_(mean, alpha=f)
+                m.running_var.mul_(1 - f).add_(var, alpha=f)
+
+
+class _VectorisedLoop(_EventLoop):
+    """The event loop, with every waiting worker's gradient computed in one batched call."""
+
+    def __init__(self, run, delay, step_time, rng):
+        super().__init__(run, delay, step_time, rng)
+        self.grad = BatchedGradient(run.model)
+        self.waiting: list[int] = []        # started; gradient not computed yet (in start order)
+        self.ready: dict[int, tuple] = {}   # m -> (loss, gradient, batch statistics), not pushed yet
+        self.group = max(1, GROUP_BYTES // (8 * run.model.numel))   # weights + gradients of one call
+
+    def start(self, m: int) -> None:
+        super().start(m)
+        self.waiting.append(m)
+
+    def compute_waiting(self) -> None:
+        run, waiting = self.run_, self.waiting
+        for i in range(0, len(waiting), self.group):
+            ms = waiting[i:i + self.group]
+            idx = torch.cat([run.workers[m].stream.next() for m in ms]).to(run.train_x.device)
+            x = run.train_x.index_select(0, idx)   # the rows each worker's grad_fn would gather
+            y = run.train_y.index_select(0, idx)
+            K = len(ms)
+            W = torch.stack([self.pulled[m] for m in ms])
+            losses, grads, stats = self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
+            for k, (m, loss) in enumerate(zip(ms, losses.tolist())):
+                self.ready[m] = (loss, grads[k], [(mean[k], var[k]) for mean, var in stats])
+        waiting.clear()
+
+    def run(self) -> None:
+        run, server, algo = self.run_, self.server, self.algo
+        parked = self.parked
+        while not run.done:
+            self.now, _, m = heapq.heappop(self.heap)
+            if m not in self.ready:
+                self.compute_waiting()
+            loss, g, stats = self.ready.pop(m)
+            if stats:
+                self.grad.fold_running_stats(stats)
+            worker = run.workers[m]
+            worker.last_loss = loss
+            lr = run.lr
+            server.push(m, worker.message(self.pulled[m], g), lr)
+            run.after_push(worker.samples_per_message, loss, self.now)
+            if not algo.synchronous:
+                self.start(m)
+            else:
+                parked.append(m)
+                if not server.round_open:   # the round closed: everyone starts again
+                    for p in parked:
+                        self.start(p)
+                    parked.clear()

@@ -1,0 +1,259 @@
+"""The local runtime: real worker processes, shared-memory transport, failures, Ctrl-C."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import stalegrad as sg
+from stalegrad.algorithms import ALGORITHMS
+from stalegrad.cli import main
+from stalegrad.delays import read_trace
+from stalegrad.runtimes import LocalRuntime, Simulator
+from stalegrad.runtimes.local import WorkerError
+from stalegrad.worker import BatchStream
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process checks read /proc")
+
+
+def blobs(n=512, d=8, classes=3, seed=0):
+    means = torch.randn(classes, d, generator=torch.Generator().manual_seed(1234)) * 3
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = means[y] + torch.randn(n, d, generator=g)
+    return SimpleNamespace(x=x, y=y, num_classes=classes)
+
+
+TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
+
+
+def local(algo="asgd", workers=2, epochs=1.0, batch_size=8, runtime=None, model="logreg", **kw):
+    rt = runtime or LocalRuntime()
+    res = sg.train(model, TRAIN, TEST, algo, workers, rt, epochs=epochs, batch_size=batch_size, **kw)
+    return res, rt
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def gone(pids, timeout=5.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def run_pids(rt: LocalRuntime) -> list[int]:
+    return [p for p in rt.pids["workers"] + [rt.pids["evaluator"]] if p is not None]
+
+
+def test_asynchronous_training_learns_and_measures_staleness():
+    res, rt = local("asgd", workers=3, epochs=3, eval_every=0.5)
+    s = res.summary
+    assert torch.isfinite(res.weights).all()
+    assert s["final_test_acc"] > 0.9 and res.metrics[0]["test_acc"] < 0.8
+    assert s["samples"] >= 3 * len(TRAIN.y) and s["workers_lost"] == 0
+    per = res.staleness["per_worker"]
+    assert all(w["updates"] > 0 for w in per)
+    assert sum(w["updates"] for w in per) == s["updates"] == res.staleness["updates"] == len(res.update_log())
+    assert s["tau_max"] >= 0 and s["wall_s"] > 0 and s["virtual_s"] > 0
+    # metrics: epoch 0, every half epoch in order (evaluated on snapshots), and the end
+    epochs = [m["epoch"] for m in res.metrics]
+    assert epochs == sorted(epochs) and len(epochs) >= 7 and res.metrics[-1]["samples"] == s["samples"]
+    assert all(m["test_acc"] is not None for m in res.metrics)
+    t = s["transport"]
+    assert t["pull_ms_median"] > 0 and t["push_ms_p90"] >= t["push_ms_median"] > 0
+    assert t["weight_bytes_per_message"] == 2 * 4 * res.weights.numel()
+    assert s["threads_per_worker"] == max(1, len(os.sched_getaffinity(0)) // 3)
+    assert sum(rt.stats["local_steps"]) >= s["updates"]
+    assert gone(run_pids(rt)) == []
+
+
+@pytest.mark.parametrize("algo", ["ssgd", "easgd"])
+def test_synchronous_rounds_really_wait_for_every_worker(algo):
+    kw = {"window": 2} if algo == "easgd" else {}
+    M, batch = 3, 8
+    res, _ = local(sg.make_algorithm(algo, **kw), workers=M, epochs=1.5, batch_size=batch)
+    rounds = res.summary["updates"]
+    steps = 2 if algo == "easgd" else 1
+    assert rounds == res.summary["samples"] // (M * steps * batch) and rounds > 0
+    assert res.staleness["tau_max"] == 0
+    assert [w["updates"] for w in res.staleness["per_worker"]] == [rounds] * M
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_every_algorithm_runs(algo):
+    M = 1 if ALGORITHMS[algo].sequential else 2
+    kw = {"window": 2} if "window" in {f.name for f in ALGORITHMS[algo].hyperparameters()} else {}
+    res, rt = local(sg.make_algorithm(algo, **kw), workers=M, epochs=1.0, model="mlp")
+    assert torch.isfinite(res.weights).all()
+    assert res.summary["updates"] > 0 and res.summary["samples"] >= len(TRAIN.y)
+    per = [w["updates"] for w in res.staleness["per_worker"]]
+    assert sum(per) == res.staleness["updates"] and all(n > 0 for n in per)
+    assert res.summary["final_test_acc"] > 0.5   # three well-separated blobs
+    assert gone(run_pids(rt)) == []
+
+
+def test_recorded_trace_replays_exactly_in_the_simulator(tmp_path):
+    path = tmp_path / "trace.csv"
+    real, _ = local("dcasgd-a", workers=3, epochs=2, runtime=LocalRuntime(record_trace=path), seed=3)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "worker,pulled,applied,wall_s" and len(lines) - 1 == real.summary["updates"]
+    trace = read_trace(path)
+    assert trace.wall_s == sorted(trace.wall_s)
+    replay = sg.train("logreg", TRAIN, TEST, "dcasgd-a", 3, Simulator(delay=f"trace:{path}"), epochs=2,
+                      batch_size=8, seed=3)
+    assert replay.update_log() == real.update_log()
+    assert replay.summary["samples"] == real.summary["samples"]
+    assert not replay.summary["notes"]   # the trace covered the whole run
+
+
+@pytest.mark.parametrize("algo", ["asgd", "ssgd"])
+def test_a_killed_worker_is_removed_and_the_run_completes(algo):
+    rt = LocalRuntime()
+    killed = []
+
+    def kill_once(record):
+        if record["epoch"] > 0 and not killed:
+            killed.append(rt.pids["workers"][1])
+            os.kill(killed[0], signal.SIGKILL)
+
+    res, _ = local(algo, workers=3, epochs=8, runtime=rt, eval_every=0.25, on_eval=kill_once)
+    s = res.summary
+    assert killed and not alive(killed[0])
+    assert s["workers_lost"] == 1 and s["samples"] >= 8 * len(TRAIN.y)
+    note = " ".join(s["notes"])
+    assert "worker 1 lost" in note and "SIGKILL" in note and "goes to workers 0, 2" in note
+    per = [w["updates"] for w in res.staleness["per_worker"]]
+    assert per[0] > per[1] and per[2] > per[1]   # the survivors went on
+    if algo == "ssgd":
+        assert res.staleness["tau_max"] == 0 and per[0] == per[2] == s["updates"]
+    assert torch.isfinite(res.weights).all() and s["final_test_acc"] > 0.9
+    assert gone(run_pids(rt)) == []
+
+
+class FailsInTraining(nn.Module):
+    """Evaluates fine (no_grad) but raises in a worker's backward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 3)
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            raise RuntimeError("boom in the worker")
+        return self.linear(x)
+
+
+def test_an_error_in_a_worker_stops_the_run_and_every_process():
+    rt = LocalRuntime()
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="boom in the worker"):
+        sg.train(FailsInTraining(), TRAIN, TEST, "asgd", 2, rt, epochs=1, batch_size=8)
+    assert time.monotonic() - t0 < 10
+    assert gone(run_pids(rt)) == []
+
+
+def test_batch_stream_adopts_a_shard_in_the_current_pass():
+    s = BatchStream(100, 0, 2, batch_size=5, seed=0)
+    extra = torch.arange(1000, 1010)
+    first = s.next()
+    s.extend(extra)
+    seen = torch.cat([s.next() for _ in range(11)])   # the rest of this pass: 45 own + 10 adopted
+    assert set(extra.tolist()) <= set(seen.tolist()) and not set(first.tolist()) & set(seen.tolist())
+    assert len(s.pool) == 60
+
+
+def test_cli_local_run_and_replay(tmp_path, capsys):
+    out, trace = tmp_path / "run", tmp_path / "trace.csv"
+    common = ["--workers", "2", "--algo", "dcasgd-c", "--dataset", "digits", "--model", "logreg",
+              "--epochs", "1", "--batch-size", "32", "-q"]
+    assert main(["train", *common, "--runtime", "local", "--threads-per-worker", "1",
+                 "--record-trace", str(trace), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert config["runtime"]["name"] == "local" and config["runtime"]["threads_per_worker"] == 1
+    assert summary["workers_lost"] == 0 and summary["threads_per_worker"] == 1
+    assert (out / "model.pt").exists() and len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    staleness = json.loads((out / "staleness.json").read_text())
+    assert main(["train", *common, "--delay", f"trace:{trace}", "--out", str(tmp_path / "replay")]) == 0
+    assert json.loads((tmp_path / "replay" / "staleness.json").read_text()) == staleness
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runtime", "local", "--delay", "gamma:2"], "--delay applies to --runtime sim"),
+    (["--record-trace", "t.csv"], "use it with --runtime local"),
+    (["--threads-per-worker", "2"], "applies to --runtime local only"),
+    (["--runtime", "local", "--threads-per-worker", "0"], "--threads-per-worker"),
+])
+def test_cli_errors(tmp_path, capsys, args, message):
+    assert main(["train", *args, "--out", str(tmp_path / "run"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_sigint_stops_every_process_and_leaves_no_shared_memory(tmp_path):
+    shm_before = set(os.listdir("/dev/shm"))
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "stalegrad", "train", "--runtime", "local", "--workers", "2",
+                             "--algo", "asgd", "--dataset", "digits", "--model", "mlp", "--epochs", "1000",
+                             "--batch-size", "8", "--eval-every", "0.2", "--out", str(out), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:   # training is under way
+            metrics = out / "metrics.jsonl"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.stderr.read()
+        kids = descendants(proc.pid)
+        assert len(kids) >= 3   # two workers and the evaluator (and the fork server)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+        assert time.monotonic() - t0 < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "interrupted" in err
+    assert gone(kids, timeout=5) == []
+    ours = {str(proc.pid), *map(str, kids)}
+    leaked = [n for n in set(os.listdir("/dev/shm")) - shm_before if any(f"_{p}_" in n for p in ours)]
+    assert leaked == []

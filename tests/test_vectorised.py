@@ -1,0 +1,145 @@
+"""Vectorised simulation (Simulator(vectorised=True)) against the one-by-one event loop."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import stalegrad as sg
+from stalegrad.algorithms import make_algorithm
+from stalegrad.models import build_model
+from stalegrad.runtimes import Simulator
+from stalegrad.runtimes.vectorised import BatchedGradient
+from stalegrad.worker import FlatModel
+
+
+def blobs(n=256, d=8, classes=3, seed=0):
+    means = torch.randn(classes, d, generator=torch.Generator().manual_seed(1234)) * 3
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = means[y] + torch.randn(n, d, generator=g)
+    return SimpleNamespace(x=x, y=y, num_classes=classes)
+
+
+def images(n, seed, channels=3, side=8, classes=4):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = torch.randn(n, channels, side, side, generator=g) + y.view(-1, 1, 1, 1).float()
+    return SimpleNamespace(x=x, y=y, num_classes=classes)
+
+
+TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
+
+
+def both(algo, workers, delay, model="mlp", train=TRAIN, test=TEST, **kw):
+    """The same run one worker at a time and vectorised."""
+    out, params = [], kw.pop("params", {})
+    for vectorised in (False, True):
+        algorithm = make_algorithm(algo, **params) if isinstance(algo, str) else algo
+        out.append(sg.train(model, train, test, algorithm, workers, Simulator(delay=delay, vectorised=vectorised),
+                            **{"epochs": 2, "batch_size": 8, "seed": 3, **kw}))
+    return out
+
+
+@pytest.mark.parametrize("algo,workers,delay", [
+    ("asgd", 4, "uniform"),
+    ("asgd", 7, "exponential"),
+    ("dcasgd-c", 3, "heterogeneous:sqrt"),
+    ("dcasgd-a", 5, "gamma:2"),
+    ("dcasgd-a", 4, "straggler:4"),
+    ("ssgd", 3, "gamma:1"),
+    ("sgd", 1, "uniform"),
+])
+def test_same_weights_and_tau_sequence_as_one_by_one(algo, workers, delay):
+    one, vec = both(algo, workers, delay)
+    assert vec.update_log() == one.update_log()
+    assert vec.summary["notes"] == []
+    torch.testing.assert_close(vec.weights, one.weights, rtol=1e-4, atol=1e-5)
+    # the mean losses of the evaluation intervals too: every gradient came from the same mini-batch
+    for a, b in zip(one.metrics, vec.metrics):
+        if a["train_loss"] is None:
+            assert b["train_loss"] is None
+        else:
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4, abs=1e-6)
+        assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1e-6)
+
+
+def test_momentum_weight_decay_and_logreg():
+    one, vec = both("dcasgd-a", 4, "gamma:2", model="logreg", params={"momentum": 0.9, "weight_decay": 1e-3},
+                    lr=0.01)
+    assert one.weights.abs().max() < 10   # a stable run: differences in the last bits stay small
+    assert vec.update_log() == one.update_log()
+    torch.testing.assert_close(vec.weights, one.weights, rtol=1e-4, atol=1e-5)
+
+
+def test_same_seed_same_bits_and_iid_partition():
+    a = sg.train("mlp", TRAIN, TEST, "asgd", 5, Simulator(delay="gamma:2", vectorised=True), epochs=1,
+                 batch_size=8, seed=4, partition="iid")
+    b = sg.train("mlp", TRAIN, TEST, "asgd", 5, Simulator(delay="gamma:2", vectorised=True), epochs=1,
+                 batch_size=8, seed=4, partition="iid")
+    assert a.summary["weights_sha256"] == b.summary["weights_sha256"]
+    c = sg.train("mlp", TRAIN, TEST, "asgd", 5, Simulator(delay="gamma:2"), epochs=1, batch_size=8, seed=4,
+                 partition="iid")
+    assert c.update_log() == a.update_log()
+    torch.testing.assert_close(c.weights, a.weights, rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_running_statistics_match():
+    """ResNet-20: batch statistics per worker, running statistics folded in event order."""
+    train, test = images(64, seed=0), images(32, seed=1)
+    one, vec = both("asgd", 3, "gamma:2", model="resnet20", train=train, test=test, epochs=1, lr=0.01,
+                    eval_every=0.5)
+    assert vec.update_log() == one.update_log()
+    torch.testing.assert_close(vec.weights, one.weights, rtol=1e-3, atol=1e-4)
+    sa, sb = one.model.state_dict(), vec.model.state_dict()
+    for k in sa:
+        if "running" in k or "num_batches" in k:
+            torch.testing.assert_close(sb[k].float(), sa[k].float(), rtol=1e-3, atol=1e-4, msg=k)
+    # evaluations in the middle of the run use those statistics
+    for a, b in zip(one.metrics, vec.metrics):
+        assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-3)
+
+
+def test_batched_gradient_equals_each_workers_gradient():
+    torch.manual_seed(0)
+    model = FlatModel(build_model("cnn", (1, 8, 8), 3))
+    ref = FlatModel(build_model("cnn", (1, 8, 8), 3))
+    K, B = 4, 5
+    W = torch.stack([model.flat + 0.05 * torch.randn_like(model.flat) for _ in range(K)])
+    X, Y = torch.randn(K, B, 1, 8, 8), torch.randint(0, 3, (K, B))
+    losses, grads, stats = BatchedGradient(model)(W, X, Y)
+    assert stats == ()
+    for k in range(K):
+        loss, g = ref.loss_and_grad(W[k], X[k], Y[k])
+        assert losses[k].item() == pytest.approx(loss, rel=1e-5)
+        torch.testing.assert_close(grads[k], g, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", ["agn", "downpour", "dynsgd", "easgd", "aeasgd"])
+def test_other_algorithms_run_one_by_one_with_a_note(algo):
+    one, vec = both(algo, 3, "uniform", epochs=1)
+    assert vec.summary["weights_sha256"] == one.summary["weights_sha256"]
+    assert any("vectorised simulation not used" in n and algo in n for n in vec.summary["notes"])
+
+
+def test_trace_replay_runs_one_by_one_with_a_note(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("worker\n" + "\n".join(str(i % 3) for i in range(40)) + "\n")
+    one, vec = both("asgd", 3, f"trace:{trace}", epochs=1)
+    assert vec.summary["weights_sha256"] == one.summary["weights_sha256"]
+    assert any("trace replay" in n for n in vec.summary["notes"])
+
+
+def test_dropout_runs_one_by_one_with_a_note():
+    def factory():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 3))
+    res = sg.train(factory, TRAIN, TEST, "asgd", 2, Simulator(vectorised=True), epochs=0.5, batch_size=8)
+    assert any("dropout" in n for n in res.summary["notes"])
+
+
+def test_cli_flag(tmp_path):
+    from stalegrad.cli import main
+    assert main(["train", "--algo", "dcasgd-a", "--workers", "3", "--dataset", "synthetic", "--epochs", "0.5",
+                 "--vectorised", "-q", "--out", str(tmp_path / "v")]) == 0
+    import json
+    assert json.loads((tmp_path / "v" / "config.json").read_text())["runtime"]["vectorised"] is True
+    assert main(["train", "--vectorised", "--runtime", "local", "--out", str(tmp_path / "l")]) == 2
