@@ -1,6 +1,7 @@
 """Throughput of ``--runtime local`` against sequential SGD in one plain process.
 
-    .venv/bin/python benchmarks/bench_local.py            # a few minutes
+    .venv/bin/python benchmarks/bench_local.py            # ~4 min on a quiet 2-core machine
+                                                          # (+ up to --max-wait s when other jobs run)
     .venv/bin/python benchmarks/bench_local.py --seconds 3 --workers 1,2   # a quicker look
 
 For each configuration (model, AGN window, AGN's local optimizer: agn-mlp with
@@ -23,7 +24,11 @@ data, batch size and cores:
 
 Every rate is the best 2-second stretch of its measurement, which filters out
 other jobs that come and go on a shared machine; whole-run means are kept in
-the JSON.
+the JSON. A monitor thread measures how many cores other processes use during
+each measurement (the ``others`` column); the script waits for them to leave
+before measuring, and measures again when they did not (``--max-wait`` seconds
+in all). The ``transport`` column, the workers' share of time spent in pulls
+and pushes, is the runtime's own cost and holds under contention.
 
 Writes benchmarks/results/local.json and benchmarks/results/local.md.
 """
@@ -233,7 +238,10 @@ def local_run(model_name: str, window: int, opt: str, workers: int, train, test,
     mean, rate, span = steady_rate(rt.stats, BATCH)
     tr = rt.stats["transport"]
     st = rt.stats
-    return {"workers": workers, "threads_per_worker": st["threads_per_worker"], "samples_per_s": rate,
+    # the workers' time spent pulling and pushing (each keeps its last 4096 latencies of each kind)
+    span_all = max(st["timeline"][-1][0] - min(st["ready_at"].values()), 1e-9)
+    transport_share = (sum(st["pull_s"]) + sum(st["push_s"])) / (workers * span_all)
+    return {"transport_share": transport_share,"workers": workers, "threads_per_worker": st["threads_per_worker"], "samples_per_s": rate,
             "samples_per_s_mean": mean,
             "server_pull_ms_median": st["server_pull_ms_median"], "server_push_ms_median": st["server_push_ms_median"],
             "server_busy_fraction": st["server_busy_s"] / max(total, 1e-9),
@@ -272,24 +280,27 @@ def markdown(result: dict) -> str:
         "by all workers together, from the moment every worker is up until the sample budget is reached. "
         "Latencies are those the workers see: pull = request until the weights are in its buffer; push = "
         "copy into the push buffer until the server has applied it. `server ms`: the server's own time for "
-        "one pull / one push (copy, finiteness checks, update); `busy`: its share of the run. MB per "
-        "update: float32 weights copied through shared memory (one pull, one push).",
+        "one pull / one push (copy, finiteness checks, update); `busy`: its share of the run. `transport`: "
+        "the workers' share of their time spent in pulls and pushes (the runtime's own cost, which holds "
+        "under contention better than the rates do). MB per update: float32 weights copied through shared "
+        "memory (one pull, one push).",
         "",
         "| model | window, local opt | M | threads/worker | samples/s | vs SGD | vs Adam | others (cores) | "
-        "pull ms (med / p90) | push ms (med / p90) | server ms (pull / push) | busy | MB per update | "
-        "updates | tau mean |",
-        "|" + "---|" * 15,
+        "transport | pull ms (med / p90) | push ms (med / p90) | server ms (pull / push) | busy | "
+        "MB per update | updates | tau mean |",
+        "|" + "---|" * 16,
     ]
     for cfg in result["configs"]:
         sgd, adam = cfg["baseline_sgd"], cfg["baseline_adam"]
         lines.append(f"| {cfg['model']} | {cfg['window']}, {cfg['local_opt']} | plain SGD | {m['cores']} | {sgd['mean']:.0f} | 1.00 | "
-                     f"{sgd['mean'] / adam['best']:.2f} | {fmt(sgd['others_mean'], '.2f')} | | | | | | | |")
+                     f"{sgd['mean'] / adam['best']:.2f} | {fmt(sgd['others_mean'], '.2f')} | | | | | | | | |")
         lines.append(f"| {cfg['model']} | {cfg['window']}, {cfg['local_opt']} | plain Adam | {m['cores']} | {adam['best']:.0f} | "
-                     f"{adam['best'] / sgd['mean']:.2f} | 1.00 | {fmt(adam['others'], '.2f')} | | | | | | | |")
+                     f"{adam['best'] / sgd['mean']:.2f} | 1.00 | {fmt(adam['others'], '.2f')} | | | | | | | | |")
         for r in cfg["local"]:
             lines.append(
                 f"| {cfg['model']} | {cfg['window']}, {cfg['local_opt']} | {r['workers']} | {r['threads_per_worker']} | "
                 f"{r['samples_per_s']:.0f} | {r['vs_sgd']:.2f} | {r['vs_adam']:.2f} | {fmt(r['others'], '.2f')} | "
+                f"{100 * r['transport_share']:.1f}% | "
                 f"{fmt(r['pull_ms_median'], '.2f')} / {fmt(r['pull_ms_p90'], '.2f')} | "
                 f"{fmt(r['push_ms_median'], '.2f')} / {fmt(r['push_ms_p90'], '.2f')} | "
                 f"{fmt(r['server_pull_ms_median'], '.2f')} / {fmt(r['server_push_ms_median'], '.2f')} | "
@@ -380,7 +391,7 @@ def main() -> None:
                   f"{r['samples_per_s']:>9.0f} {r['vs_sgd']:>6.2f} {r['vs_adam']:>7.2f} {fmt(r['others'], '.2f'):>6} "
                   f"{fmt(r['pull_ms_median'], '.2f'):>6}/{fmt(r['pull_ms_p90'], '.2f'):>6} "
                   f"{fmt(r['push_ms_median'], '.2f'):>6}/{fmt(r['push_ms_p90'], '.2f'):>6} "
-                  f"{r['bytes_per_update'] / 1e6:>6.1f}"
+                  f"{r['bytes_per_update'] / 1e6:>6.1f} transport {100 * r['transport_share']:4.1f}%"
                   f"   server {fmt(r['server_pull_ms_median'], '.1f')}/{fmt(r['server_push_ms_median'], '.1f')} ms, "
                   f"busy {100 * r['server_busy_fraction']:.0f}%", flush=True)
         result["configs"].append({"model": model_name, "window": window, "local_opt": opt, "baseline_sgd": base_sgd,

@@ -20,6 +20,7 @@ from .delays import DELAY_MODELS
 from .models import MODELS, ModelError
 from .results import OutputError
 from .runtimes import RUNTIMES
+from .runtimes.local import WorkerError
 from .server import ON_NONFINITE, NonFiniteError
 from .worker import PARTITIONS
 
@@ -480,8 +481,8 @@ def main(argv=None) -> int:
             hint = f" (see '{e.ctx.command_path} --help')"
         click.echo(f"stalegrad: error: {msg}{hint}", err=True)
         return e.exit_code
-    except NonFiniteError as e:
-        click.echo(f"stalegrad: error: {e}", err=True)
+    except (NonFiniteError, WorkerError) as e:   # the run failed, not the user
+        click.echo(f"stalegrad: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
         return 1
     except KeyboardInterrupt:
         click.echo("stalegrad: interrupted", err=True)
