@@ -28,7 +28,7 @@ LR = 0.05
 WORKERS = (1, 8, 40)
 TARGET = 0.9
 # samples per timed run: long enough to swamp start-up, short enough for a few minutes in all
-SAMPLES = {"mlp": 25_600, "agn-mlp": 3_840, "cnn": 6_400}
+SAMPLES = {"mlp": 12_800, "agn-mlp": 2_560, "cnn": 3_200}
 QUICK_SAMPLES = {"mlp": 5_120, "agn-mlp": 1_280, "cnn": 1_280}
 
 
@@ -74,7 +74,7 @@ def sim_run(model_name: str, train, test, workers: int, samples: int) -> dict:
 def run(quick: bool = False) -> dict:
     budget = QUICK_SAMPLES if quick else SAMPLES
     train, test, source = image_data(max(budget.values()) * 2 if quick else 60_000)
-    rounds = 1 if quick else 2
+    rounds = 1 if quick else 5
     rows = []
     for model_name, samples in budget.items():
         plain, sims = [], {m: [] for m in WORKERS}

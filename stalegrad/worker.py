@@ -16,11 +16,8 @@ class FlatModel:
     """A module whose parameters are views into one contiguous vector.
 
     Loading weights is one memory copy into ``flat``; the gradient of a
-    mini-batch lands in ``grad``, also one contiguous vector, of which every
-    ``param.grad`` is a view: ``torch.autograd.grad`` returns the parameters'
-    gradients and one ``torch.cat`` writes them there (two passes over the
-    gradient, where zeroing it and letting autograd accumulate into it take
-    four).
+    mini-batch lands in ``grad``, also one contiguous vector, because every
+    ``param.grad`` is a view of it and autograd accumulates in place.
     """
 
     def __init__(self, module: nn.Module, device: str | torch.device = "cpu"):
@@ -39,7 +36,6 @@ class FlatModel:
             p.grad = self.grad[offset:offset + n].view_as(p)
             offset += n
         self.numel = total
-        self.params = params
         self._training = None   # the mode this object last set (module.train() walks every submodule)
 
     def load(self, w: Tensor) -> None:
@@ -52,11 +48,9 @@ class FlatModel:
         if not (self._training and self.module.training):
             self.module.train()
             self._training = True
+        self.grad.zero_()
         loss = F.cross_entropy(self.module(x), y)
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        if any(g is None for g in grads):   # a parameter the loss does not use: gradient 0
-            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads)]
-        torch.cat([g.reshape(-1) for g in grads], out=self.grad)
+        loss.backward()
         return loss.item(), self.grad
 
     @torch.no_grad()
@@ -101,14 +95,14 @@ class BatchStream:
         self.pos = 0
 
     def next(self) -> Tensor:
-        if self.pos + self.batch_size > self.order.shape[0]:
+        pos, size, order = self.pos, self.batch_size, self.order
+        if pos + size > order.shape[0]:
             # Start a new pass; the tail of the old one opens the next batch.
-            rest = self.order[self.pos:]
-            self.order = torch.cat([rest, self.pool[torch.randperm(len(self.pool), generator=self.rng)]])
-            self.pos = 0
-        idx = self.order[self.pos:self.pos + self.batch_size]
-        self.pos += self.batch_size
-        return idx
+            fresh = self.pool.index_select(0, torch.randperm(self.pool.shape[0], generator=self.rng))
+            order = self.order = fresh if pos == order.shape[0] else torch.cat([order[pos:], fresh])
+            pos = 0
+        self.pos = pos + size
+        return order.narrow(0, pos, size)
 
     def extend(self, indices: Tensor) -> None:
         """Adopt more samples (a lost worker's shard): shuffled, they join the rest of

@@ -1,4 +1,4 @@
-"""The parameter server's fast paths: chunked element-wise rules, fused (t, s) updates, overflow checks."""
+"""Fast paths: chunked element-wise rules, fused (t, s) updates, overflow checks, BatchStream.next."""
 import copy
 import math
 
@@ -186,3 +186,28 @@ def test_flat_model_gradient_with_an_unused_parameter():
     torch.testing.assert_close(grad, expected)
     # every parameter's .grad is a view of the flat gradient
     assert model.module.used.weight.grad.data_ptr() == grad.data_ptr()
+
+
+def _reference_next(stream):
+    """BatchStream.next as first written (cat of the pass's tail and a fresh shuffle, then a slice)."""
+    if stream.pos + stream.batch_size > len(stream.order):
+        rest = stream.order[stream.pos:]
+        stream.order = torch.cat([rest, stream.pool[torch.randperm(len(stream.pool), generator=stream.rng)]])
+        stream.pos = 0
+    idx = stream.order[stream.pos:stream.pos + stream.batch_size]
+    stream.pos += stream.batch_size
+    return idx
+
+
+@pytest.mark.parametrize("n,M,batch,partition", [(256, 2, 128, "shard"), (1000, 3, 7, "shard"), (50, 1, 50, "iid"),
+                                                 (97, 4, 24, "shard"), (300, 2, 64, "iid")])
+def test_batch_stream_gives_the_same_indices_as_before(n, M, batch, partition):
+    from stalegrad.worker import BatchStream
+    for m in range(M):
+        fast = BatchStream(n, m, M, batch, partition, seed=5)
+        ref = BatchStream(n, m, M, batch, partition, seed=5)
+        for i in range(60):
+            if i == 30 and hasattr(fast, "extend"):   # a lost worker's shard joins mid-pass
+                fast.extend(torch.arange(n, n + 9))
+                ref.extend(torch.arange(n, n + 9))
+            assert torch.equal(fast.next(), _reference_next(ref))

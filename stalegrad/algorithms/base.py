@@ -111,10 +111,14 @@ class Algorithm:
     def on_pull(self, state: dict, worker: int, w: Tensor) -> None:
         pass
 
-    def server_delta(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float, out: Tensor) -> None:
+    def server_delta(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
+                     out: Tensor) -> "tuple[Tensor, float] | None":
+        """Fill ``out`` with the update (return None), or return (t, s): the update is s*t."""
         raise NotImplementedError(f"{self.name} is synchronous: use round_delta")
 
-    def round_delta(self, state: dict, w: Tensor, msgs: dict[int, Tensor], lr: float, out: Tensor) -> None:
+    def round_delta(self, state: dict, w: Tensor, msgs: dict[int, Tensor], lr: float,
+                    out: Tensor) -> "tuple[Tensor, float] | None":
+        """As server_delta, for a synchronous round's messages (one per live worker)."""
         raise NotImplementedError(f"{self.name} is asynchronous: use server_delta")
 
 
