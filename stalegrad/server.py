@@ -108,7 +108,8 @@ class ParameterServer:
         if not finite:
             self._nonfinite(f"message from worker {worker}")
         if self.algorithm.synchronous:
-            self.round[worker] = msg if finite else None
+            # Kept until the round closes, so copied: the sender may reuse its buffer.
+            self.round[worker] = msg.clone() if finite else None
             return self._maybe_close_round(lr)
         if not finite:
             return False

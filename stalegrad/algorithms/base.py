@@ -155,7 +155,9 @@ class GradientAlgorithm(Algorithm):
 
     def worker_compute(self, state, pulled, grad_fn, lr):
         loss, g = grad_fn(pulled)
-        return loss, g.clone()
+        # No copy: every runtime consumes the message (push) before the next
+        # gradient, and the server copies what it keeps for a synchronous round.
+        return loss, g
 
     def worker_finish(self, state, pulled, computed):
         return computed

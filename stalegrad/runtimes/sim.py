@@ -63,7 +63,8 @@ class _EventLoop:
     def start(self, m: int) -> None:
         """Worker m pulls (if it pulls first) and starts computing now."""
         if self.algo.pull_before_compute:
-            self.pulled[m] = self.server.pull(m)
+            # into the worker's own buffer: no allocation per pull
+            self.pulled[m] = self.server.pull(m, out=self.pulled[m])
         steps = self.algo.steps_per_message
         finish = self.now + self.step_time * steps * self.delay.factor(m, self.rng)
         heapq.heappush(self.heap, (finish, self.seq, m))
@@ -94,7 +95,7 @@ class _EventLoop:
             lr = run.lr
             computed = worker.compute(self.pulled[m], lr)
             if not algo.pull_before_compute:
-                self.pulled[m] = server.pull(m)
+                self.pulled[m] = server.pull(m, out=self.pulled[m])
             server.push(m, worker.message(self.pulled[m], computed), lr)
             run.after_push(worker.samples_per_message, worker.last_loss, self.now)
             if not algo.synchronous:
@@ -139,7 +140,7 @@ class _Replay:
                 self.pull(m)
 
     def pull(self, m: int) -> None:
-        self.pulled[m] = self.server.pull(m)
+        self.pulled[m] = self.server.pull(m, out=self.pulled[m])
         self.has_pulled[m] = True
 
     def state_dict(self) -> dict:
