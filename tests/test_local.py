@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,18 +19,12 @@ from stalegrad.runtimes import LocalRuntime, Simulator
 from stalegrad.runtimes.local import WorkerError
 from stalegrad.worker import BatchStream
 
+from helpers import blobs
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process checks read /proc")
 
 
-def blobs(n=512, d=8, classes=3, seed=0):
-    means = torch.randn(classes, d, generator=torch.Generator().manual_seed(1234)) * 3
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, classes, (n,), generator=g)
-    x = means[y] + torch.randn(n, d, generator=g)
-    return SimpleNamespace(x=x, y=y, num_classes=classes)
-
-
-TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
+TRAIN, TEST = blobs(n=512, seed=0), blobs(n=128, seed=1)
 
 
 def local(algo="asgd", workers=2, epochs=1.0, batch_size=8, runtime=None, model="logreg", **kw):

@@ -1,5 +1,4 @@
 """The deterministic simulator: staleness patterns, determinism, virtual time."""
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -8,13 +7,7 @@ import stalegrad as sg
 from stalegrad.algorithms import ALGORITHMS, make_algorithm
 from stalegrad.runtimes import Simulator
 
-
-def blobs(n=256, d=8, classes=3, seed=0):
-    means = torch.randn(classes, d, generator=torch.Generator().manual_seed(1234)) * 3
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, classes, (n,), generator=g)
-    x = means[y] + torch.randn(n, d, generator=g)
-    return SimpleNamespace(x=x, y=y, num_classes=classes)
+from helpers import blobs
 
 
 TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)

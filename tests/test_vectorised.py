@@ -11,13 +11,7 @@ from stalegrad.runtimes import Simulator
 from stalegrad.runtimes.vectorised import BatchedGradient
 from stalegrad.worker import FlatModel
 
-
-def blobs(n=256, d=8, classes=3, seed=0):
-    means = torch.randn(classes, d, generator=torch.Generator().manual_seed(1234)) * 3
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, classes, (n,), generator=g)
-    x = means[y] + torch.randn(n, d, generator=g)
-    return SimpleNamespace(x=x, y=y, num_classes=classes)
+from helpers import blobs
 
 
 def images(n, seed, channels=3, side=8, classes=4):

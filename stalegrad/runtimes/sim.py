@@ -88,7 +88,6 @@ class _EventLoop:
 
     def run(self) -> None:
         run, server, algo = self.run_, self.server, self.algo
-        parked = self.parked
         while not run.done:
             self.now, _, m = heapq.heappop(self.heap)
             worker = run.workers[m]
@@ -98,18 +97,25 @@ class _EventLoop:
                 self.pulled[m] = server.pull(m, out=self.pulled[m])
             server.push(m, worker.message(self.pulled[m], computed), lr)
             run.after_push(worker.samples_per_message, worker.last_loss, self.now)
-            if not algo.synchronous:
-                self.start(m)
-            else:
-                parked.append(m)
-                if not server.round_open:   # the round closed: everyone starts again
-                    for p in parked:
-                        self.start(p)
-                    parked.clear()
-            if run.checkpoint_due():
-                run.save_checkpoint(self.state_dict())
-        if run.checkpoint_path is not None:   # the final state, so that a run can be extended
-            run.save_checkpoint(self.state_dict())
+            self.continue_after_push(m)
+        self.finish()
+
+    def continue_after_push(self, m: int) -> None:
+        """Worker m starts again, or, in a synchronous round, waits for it to close."""
+        if not self.algo.synchronous:
+            self.start(m)
+        else:
+            self.parked.append(m)
+            if not self.server.round_open:   # the round closed: everyone starts again
+                for p in self.parked:
+                    self.start(p)
+                self.parked.clear()
+        if self.run_.checkpoint_due():
+            self.run_.save_checkpoint(self.state_dict())
+
+    def finish(self) -> None:
+        if self.run_.checkpoint_path is not None:   # the final state, so that a run can be extended
+            self.run_.save_checkpoint(self.state_dict())
 
 
 class _Replay:

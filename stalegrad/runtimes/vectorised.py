@@ -180,8 +180,7 @@ class _VectorisedLoop(_EventLoop):
         waiting.clear()
 
     def run(self) -> None:
-        run, server, algo = self.run_, self.server, self.algo
-        parked = self.parked
+        run, server = self.run_, self.server
         while not run.done:
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
@@ -194,11 +193,5 @@ class _VectorisedLoop(_EventLoop):
             lr = run.lr
             server.push(m, worker.message(self.pulled[m], g), lr)
             run.after_push(worker.samples_per_message, loss, self.now)
-            if not algo.synchronous:
-                self.start(m)
-            else:
-                parked.append(m)
-                if not server.round_open:   # the round closed: everyone starts again
-                    for p in parked:
-                        self.start(p)
-                    parked.clear()
+            self.continue_after_push(m)
+        self.finish()
