@@ -241,8 +241,6 @@ def _build_runtime(p: dict, workers: int):
             flag = "--delay" if p["delay"] != "uniform" else "--step-time"
             raise UserError(f"{flag} applies to --runtime sim; --runtime local measures real delays "
                             "(record them with --record-trace FILE, replay them with --runtime sim --delay trace:FILE)")
-        if p.get("checkpoint_every"):
-            raise UserError("--checkpoint-every: the local runtime does not write checkpoints yet; use --runtime sim")
         if p.get("vectorised"):
             raise UserError("--vectorised applies to --runtime sim")
         trace = p.get("record_trace")

@@ -250,3 +250,39 @@ def test_sigint_stops_every_process_and_leaves_no_shared_memory(tmp_path):
     ours = {str(proc.pid), *map(str, kids)}
     leaked = [n for n in set(os.listdir("/dev/shm")) - shm_before if any(f"_{p}_" in n for p in ours)]
     assert leaked == []
+
+
+def test_checkpoint_and_resume_under_the_local_runtime(tmp_path, monkeypatch):
+    from stalegrad.server import ParameterServer
+    path = tmp_path / "ckpt.pt"
+    algorithm = sg.make_algorithm("agn", window=2)
+
+    def go(resume=None):
+        torch.manual_seed(0)
+        return sg.train("logreg", TRAIN, TEST, algorithm, 2, LocalRuntime(), epochs=3, batch_size=16,
+                        checkpoint_every=8, checkpoint_path=path, resume=resume)
+
+    original = ParameterServer.push
+
+    def push(self, worker, msg, lr):
+        if self.version == 20:
+            raise KeyboardInterrupt
+        return original(self, worker, msg, lr)
+    monkeypatch.setattr(ParameterServer, "push", push)
+    with pytest.raises(KeyboardInterrupt):
+        go()
+    monkeypatch.setattr(ParameterServer, "push", original)
+    first = torch.load(path, weights_only=True)
+    v1 = first["server"]["version"]
+    assert 8 <= v1 < 20
+    steps1 = [w["state"]["opt"]["step"] for w in first["workers"]]
+    assert all(s > 0 for s in steps1)            # every worker's Adam state was gathered
+    res = go(resume=path)
+    assert res.summary["samples"] >= 3 * len(TRAIN.y)
+    assert res.summary["updates"] > v1
+    assert res.metrics[:len(first["run"]["metrics"])] == first["run"]["metrics"]
+    second = torch.load(path, weights_only=True)
+    assert second["server"]["version"] > v1
+    steps2 = [w["state"]["opt"]["step"] for w in second["workers"]]
+    # the workers went on from their saved Adam state, not from scratch
+    assert all(b > a for a, b in zip(steps1, steps2))

@@ -46,6 +46,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
+from ..server import to_device
 from ..worker import FlatModel
 
 START_METHODS = ("forkserver", "spawn")
@@ -100,9 +101,9 @@ class LocalRuntime:
 
     def run(self, run, seed: int = 0, resume: dict | None = None) -> None:
         """Drive ``run`` to its sample budget with real worker processes."""
-        if resume is not None or getattr(run, "checkpoint_path", None) is not None:
-            raise ValueError("the local runtime does not write or resume checkpoints yet; use --runtime sim for that")
-        _Session(self, run).execute()
+        if resume is not None and resume.get("kind") != "local":
+            raise ValueError("the checkpoint was made by another runtime; resume it with that runtime")
+        _Session(self, run, resumed=resume is not None).execute()
 
 
 # ---- processes ------------------------------------------------------------------
@@ -227,6 +228,15 @@ def _worker_main(m, spec, blob, device, threads, x, y, pull_buf, push_buf, bn_bu
                 reply = conn.recv()
                 if reply[0] == "adopt":
                     worker.stream.extend(torch.from_numpy(reply[1]))
+                elif reply[0] == "state":     # a checkpoint: we are between two messages
+                    conn.send(("state", {"state": worker.state, "pool": worker.stream.pool,
+                                         "stream": worker.stream.state_dict(), "last_loss": worker.last_loss}))
+                elif reply[0] == "restore":   # resuming: the state a checkpoint saved
+                    st = reply[1]
+                    worker.state = to_device(st["state"], dev)
+                    worker.stream.pool = st["pool"]
+                    worker.stream.load_state_dict(st["stream"])
+                    worker.last_loss = float(st["last_loss"])
                 elif reply[0] == "stop":
                     raise _Stop
                 else:
@@ -398,8 +408,11 @@ def _describe_exit(proc) -> str:
 class _Session:
     """One run of the local runtime: start, serve, stop."""
 
-    def __init__(self, runtime: LocalRuntime, run):
+    def __init__(self, runtime: LocalRuntime, run, resumed: bool = False):
         self.rt, self.run, self.server = runtime, run, run.server
+        self.resumed = resumed
+        self.holding: list[int] | None = None    # a checkpoint is gathering: workers held after their push
+        self.states: dict[int, dict] = {}
         self.algo = run.algorithm
         self.M = run.num_workers
         self.threads = runtime.threads_per_worker or default_threads(self.M)
@@ -537,7 +550,7 @@ class _Session:
                     while m in self.live and self.conns[m].poll():
                         self.on_message(m)
                     self.lose(m, _describe_exit(self.procs[m]))
-                elif kind == "eval" and ev.alive:
+                elif kind == "eval" and ev.alive and ev.conn.poll():   # a checkpoint may have drained it
                     ev.on_ready()
                 elif kind == "eval_exit" and ev.alive and not ev.conn.poll():
                     ev.lost(_describe_exit(ev.proc))
@@ -560,7 +573,14 @@ class _Session:
             self.handling["push"].append(time.perf_counter() - t0)
         elif kind == "ready":
             self.ready_at[m] = self.run.wall_s()
+            if self.resumed:
+                w = self.run.workers[m]
+                self.send(m, ("restore", {"state": w.state, "pool": w.stream.pool, "stream": w.stream.state_dict(),
+                                          "last_loss": w.last_loss}))
             self.send(m, ("ok", self.run.lr))
+        elif kind == "state":
+            self.states[m] = msg[1]
+            self.maybe_checkpoint()
         elif kind == "error":
             raise WorkerError(f"worker {m} failed: {msg[1]}")
 
@@ -575,12 +595,45 @@ class _Session:
         run.after_push(samples, loss, now)
         if run.done:
             return
+        if self.holding is None and run.checkpoint_due():
+            # Workers parked in a synchronous round are between messages too.
+            self.holding, parked, self.parked = [], self.parked, []
+            for p in parked:
+                if p in self.live:
+                    self.holding.append(p)
+                    self.send(p, ("state",))
+        if self.holding is not None:       # every worker stops after its push, then reports its state
+            self.holding.append(m)
+            self.send(m, ("state",))
+            return
         if not self.algo.synchronous:
             self.send(m, ("ok", run.lr))
             return
         self.parked.append(m)
         if not server.round_open:
             self.release()
+
+    def maybe_checkpoint(self) -> None:
+        """Once every live worker is held between two messages, save, then let them go on."""
+        if self.holding is None or not self.live.issubset(self.states):
+            return
+        run = self.run
+        for m, st in self.states.items():
+            w = run.workers[m]
+            w.state, w.stream.pool, w.last_loss = st["state"], st["pool"], float(st["last_loss"])
+            w.stream.load_state_dict(st["stream"])
+        if self.evaluator is not None:
+            self.evaluator.drain()          # the metrics so far belong in the checkpoint
+        run.save_checkpoint({"kind": "local"})
+        held, self.holding, self.states = self.holding, None, {}
+        if self.algo.synchronous:           # a round is open only if a worker died in it
+            self.parked.extend(held)
+            if not self.server.round_open:
+                self.release()
+        else:
+            for p in held:
+                if p in self.live:
+                    self.send(p, ("ok", run.lr))
 
     def release(self) -> None:
         """A synchronous round closed: the parked workers go on."""
@@ -611,6 +664,9 @@ class _Session:
             proc.join(1.0)
         self.parked = [p for p in self.parked if p != m]
         server.remove_worker(m, run.lr)
+        if self.holding is not None:   # a gathering checkpoint no longer waits for it
+            self.holding = [p for p in self.holding if p != m]
+            self.states.pop(m, None)
         survivors = sorted(self.live)
         text = (f"worker {m} lost at epoch {run.epoch:.3f}, update {server.version} ({why}) "
                 f"after {self.pushes[m]} pushes")
@@ -624,6 +680,7 @@ class _Session:
         self.note(text)
         if self.algo.synchronous and not server.round_open and self.parked:
             self.release()
+        self.maybe_checkpoint()
 
     # ---- measurements -----------------------------------------------------------
     def sample(self) -> None:
