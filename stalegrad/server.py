@@ -240,12 +240,6 @@ class ParameterServer:
         # float32 products are exact in double; they round to inf from (2 - 2**-24) * 2**127 up
         return max(abs(s32 * lo), abs(s32 * hi)) < _F32_OVERFLOW
 
-    def _check_finite(self, t: Tensor, what: str) -> bool:
-        lo, hi = self._extremes(t)
-        if math.isfinite(lo) and math.isfinite(hi):
-            return True
-        return self._nonfinite(what)
-
     def _nonfinite(self, what: str) -> bool:
         if self.on_nonfinite == "stop":
             raise NonFiniteError(f"{what} contains NaN or Inf (version {self.version}); "

@@ -123,7 +123,8 @@ class Worker:
     """One worker: its algorithm state, its mini-batches, and the model it uses.
 
     The loop every runtime runs, split where a runtime may wait in between:
-    ``begin(pulled)`` before the local computation, ``finish(pulled)`` after.
+    ``compute(pulled, lr)`` runs the local steps, ``message(pulled, computed)`` builds what
+    is pushed; a runtime pulls before or between them (``algorithm.pull_before_compute``).
     """
 
     def __init__(self, worker_id: int, algorithm: Algorithm, model: FlatModel, x: Tensor, y: Tensor,

@@ -1,6 +1,4 @@
 """Checkpoints: a simulated run stopped and resumed ends bit-identical."""
-from types import SimpleNamespace
-
 import pytest
 import torch
 from torch import nn

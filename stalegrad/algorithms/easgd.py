@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .agn import CommitAlgorithm
 from .base import check_positive, elementwise, param
 

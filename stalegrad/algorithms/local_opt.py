@@ -6,8 +6,6 @@ kept across pulls, as in dist-keras, where the Keras optimizer is never reset.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..delays import DelayModel, Trace, parse_delay
 

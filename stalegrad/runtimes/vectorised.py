@@ -35,7 +35,6 @@ from __future__ import annotations
 import heapq
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..algorithms.base import GradientAlgorithm
