@@ -1,11 +1,13 @@
-"""Checkpoints: the complete state of a run, written atomically.
+"""Checkpoints: the file format of a run's complete state, written atomically.
 
-A checkpoint holds the server (weights, version, per-worker snapshots and
-MeanSquare, momentum, staleness log), every worker (local optimizer state,
-elastic weights, mini-batch stream position and RNG), the run's progress and
-metrics so far, the model's buffers, the global torch RNG, and the runtime's
-own state (the simulator's event queue and delay RNG). Resuming a simulated
-run from it gives the same final weights as never stopping.
+What goes in comes from each part's own ``state_dict()``: the training run's
+(the server's weights, version, per-worker snapshots and MeanSquare, momentum
+and staleness log; the progress and metrics so far; the model's buffers; the
+torch RNG) and the runtime's (its workers' ``Worker.state_dict()``: local
+optimizer state, elastic weights, mini-batch stream and RNG; the simulator's
+event queue and delay RNG). This module adds only the format number, the
+fingerprint that a resuming run must match, and the atomic write. Resuming a
+simulated run from it gives the same final weights as never stopping.
 
 It is written to a temporary file in the same directory, flushed, and then
 renamed over the previous one, so a crash mid-write never leaves a broken
@@ -19,44 +21,36 @@ from pathlib import Path
 
 import torch
 
+from .errors import UsageError
 from .results import atomic_open
 from .server import to_device
 
 CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError):
     """A missing, corrupt or mismatched checkpoint (one-line message)."""
 
 
 def fingerprint(run) -> dict:
     """What must match between a checkpoint and the run that resumes it."""
+    config = run.config
     return {
-        "algorithm": run.algorithm.to_dict(),
-        "workers": run.num_workers,
+        "algorithm": config.algorithm.to_dict(),
+        "workers": config.workers,
         "parameters": int(run.server.w.numel()),
         "model": type(run.model.module).__name__,
         "train_samples": run.num_samples,
-        "batch_size": run.batch_size,
-        "partition": run.partition,
-        "seed": run.seed,
-        "runtime": run.config.get("runtime", {}).get("name"),
+        "batch_size": config.batch_size,
+        "partition": config.partition,
+        "seed": config.seed,
+        "runtime": run.resolved.get("runtime", {}).get("name"),
     }
 
 
 def capture(run, runtime_state: dict) -> dict:
-    return {
-        "format": FORMAT,
-        "fingerprint": fingerprint(run),
-        "server": run.server.state_dict(),
-        "workers": [{"state": w.state, "pool": w.stream.pool, "stream": w.stream.state_dict(),
-                     "last_loss": w.last_loss} for w in run.workers],
-        "run": run.progress_state(),
-        "buffers": dict(run.model.module.named_buffers()),
-        "torch_rng": torch.get_rng_state(),
-        "runtime": runtime_state,
-    }
+    return {"format": FORMAT, "fingerprint": fingerprint(run), "run": run.state_dict(), "runtime": runtime_state}
 
 
 def save(path: str | os.PathLike, state: dict) -> None:
@@ -87,20 +81,9 @@ def check_matches(path, state: dict, run) -> None:
 
 
 def restore(run, state: dict) -> dict:
-    """Load ``state`` into ``run``; returns the runtime's part."""
-    device = run.server.w.device
-    run.server.load_state_dict(state["server"])
-    for worker, ws in zip(run.workers, state["workers"]):
-        worker.state = to_device(ws["state"], device)
-        worker.stream.pool = ws["pool"]
-        worker.stream.load_state_dict(ws["stream"])
-        worker.last_loss = float(ws["last_loss"])
-    run.load_progress_state(state["run"])
-    buffers = dict(run.model.module.named_buffers())
-    for name, value in state["buffers"].items():
-        buffers[name].copy_(value)
-    torch.set_rng_state(state["torch_rng"])
-    return to_device(state["runtime"], device)
+    """Load ``state`` into ``run``; returns the runtime's part (its workers' states included)."""
+    run.load_state_dict(state["run"])
+    return to_device(state["runtime"], run.server.w.device)
 
 
 def _short(value) -> str:

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from .algorithms import Algorithm
-
-ON_NONFINITE = ("skip", "stop")
+from .config import ON_NONFINITE
+from .errors import ConfigError, RunError
 
 # Element-wise rules (see algorithms.base.elementwise) on vectors of at least
 # CHUNK_ABOVE elements run on the CPU in chunks of CHUNK elements (1 MiB of
@@ -30,7 +30,7 @@ CHUNK = 1 << 18
 CHUNK_ABOVE = 1 << 22
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(RunError):
     """A NaN or Inf message or update under ``on_nonfinite='stop'``."""
 
 
@@ -75,7 +75,7 @@ class StalenessLog:
 class ParameterServer:
     def __init__(self, algorithm: Algorithm, w0: Tensor, num_workers: int, *, on_nonfinite: str = "skip"):
         if on_nonfinite not in ON_NONFINITE:
-            raise ValueError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
+            raise ConfigError("on_nonfinite", f"must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
         self.algorithm = algorithm
         self.num_workers = num_workers
         self.on_nonfinite = on_nonfinite
@@ -196,12 +196,13 @@ class ParameterServer:
             return True
         steps, finite = [], True
         one = isinstance(msg, Tensor)
+        per_element = self.algorithm.per_element_state
         whole = {"msg", "out"}   # the whole update is s*msg or s*out: add it in one call
         for a in range(0, n, CHUNK):
             b = min(a + CHUNK, n)
             m = msg[a:b] if one else {k: g[a:b] for k, g in msg.items()}
             out = delta[a:b]
-            t, s = self._step(rule(_StateChunk.of(self.state, n, a, b), w[a:b], m, out), out)
+            t, s = self._step(rule(_chunk_of(self.state, per_element, a, b), w[a:b], m, out), out)
             # the state updates of every chunk happen even when an earlier chunk failed
             finite = finite and self._scaled_finite(t, s, span if t is m else None)
             whole &= {"msg" if t is m else "out" if t is out else None}
@@ -259,39 +260,32 @@ def _float32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
-class _StateChunk:
-    """Elements [a, b) of an algorithm's state, in the same layout.
+def _chunk_of(state: dict, per_element: tuple[str, ...], a: int, b: int) -> dict:
+    """Elements [a, b) of the algorithm's declared per-element state; the rest as it is."""
+    chunk = dict(state)
+    for key in per_element:
+        value = state.get(key)
+        if isinstance(value, Tensor):
+            chunk[key] = value[a:b]
+        elif isinstance(value, (list, tuple)):
+            chunk[key] = _Slices(value, a, b)
+    return chunk
 
-    Tensors shaped like the weights (length n) become views of that range;
-    lists and tuples of them (one per worker) are sliced when indexed; every
-    other value is passed through.
-    """
 
-    __slots__ = ("seq", "n", "a", "b")
+class _Slices:
+    """Elements [a, b) of each tensor of a per-worker list, sliced when indexed
+    (a rule touches one or two of the M workers' tensors)."""
 
-    def __init__(self, seq, n: int, a: int, b: int):
-        self.seq, self.n, self.a, self.b = seq, n, a, b
+    __slots__ = ("seq", "a", "b")
 
-    @staticmethod
-    def of(obj, n: int, a: int, b: int):
-        if isinstance(obj, Tensor):
-            return obj[a:b] if obj.dim() == 1 and obj.shape[0] == n else obj
-        if isinstance(obj, dict):
-            return {k: _StateChunk.of(v, n, a, b) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return _StateChunk(obj, n, a, b)
-        return obj
+    def __init__(self, seq, a: int, b: int):
+        self.seq, self.a, self.b = seq, a, b
 
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [_StateChunk.of(v, self.n, self.a, self.b) for v in self.seq[i]]
-        return _StateChunk.of(self.seq[i], self.n, self.a, self.b)
+        return self.seq[i][self.a:self.b]
 
     def __len__(self) -> int:
         return len(self.seq)
-
-    def __iter__(self):
-        return (_StateChunk.of(v, self.n, self.a, self.b) for v in self.seq)
 
 
 def to_device(obj, device):

@@ -1,8 +1,9 @@
 """``stalegrad.train``: wire a model, data, an algorithm and a runtime together.
 
 ``TrainingRun`` is everything a runtime shares: the parameter server, the
-workers, the learning-rate schedule, the sample budget, evaluation and
-metrics. A runtime only decides *when* each worker pulls, computes and pushes.
+worker factory, the learning-rate schedule, the sample budget, evaluation and
+metrics. A runtime (``runtimes/base.py`` is the contract) only decides *when*
+each worker pulls, computes and pushes, and how the messages travel.
 """
 from __future__ import annotations
 
@@ -10,15 +11,20 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from .algorithms import Algorithm, make_algorithm
+from .algorithms import Algorithm
+from .config import RunConfig, default_lr  # noqa: F401  (default_lr: part of the API)
+from .errors import ConfigError
+from .progress import Progress, make_progress
+from .runtimes.base import Evaluator
 from .schedules import LRSchedule
 from .server import ParameterServer, StalenessLog
-from .worker import PARTITIONS, BatchStream, FlatModel, Worker
+from .worker import FlatModel, WorkerFactory
 
 
 @dataclass
@@ -39,105 +45,50 @@ class TrainResult:
         return self.summary["final_test_acc"]
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What defines worker m besides its model, data and initial weights.
-
-    Small and picklable, so that a real runtime builds, in another process,
-    exactly the worker that ``TrainingRun.make_worker`` builds here.
-    """
-    algorithm: Algorithm
-    num_samples: int
-    num_workers: int
-    batch_size: int
-    partition: str
-    seed: int
-
-    def build(self, m: int, model: FlatModel, x: Tensor, y: Tensor, w0: Tensor) -> Worker:
-        stream = BatchStream(self.num_samples, m, self.num_workers, self.batch_size, self.partition, self.seed)
-        return Worker(m, self.algorithm, model, x, y, stream, w0, self.num_workers)
-
-
 def weights_sha256(w: Tensor) -> str:
     return hashlib.sha256(w.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
 
 
 class TrainingRun:
-    """The state of one training run that every runtime drives."""
+    """The state of one training run that every runtime drives (``runtimes.base.Training``).
 
-    def __init__(self, *, module: nn.Module, train_data, test_data, algorithm: Algorithm, num_workers: int,
-                 epochs: float, batch_size: int, schedule: LRSchedule, eval_every: float, partition: str,
-                 seed: int, device: str, on_nonfinite: str, config: dict,
-                 on_eval: Callable[[dict], None] | None = None, progress=None,
-                 checkpoint_every: int = 0, checkpoint_path=None):
-        self.algorithm = algorithm
-        self.num_workers = num_workers
-        self.device = device
-        self.config = config
-        self.schedule = schedule
-        self.train_data, self.test_data = train_data, test_data
+    It owns the parameter server, the model the server evaluates, the
+    learning-rate schedule, the sample budget, evaluation, metrics and
+    checkpoint files; a runtime owns the workers (built by ``worker_factory``)
+    and decides when they pull and push.
+    """
+
+    def __init__(self, module: nn.Module, train_data, test_data, config: RunConfig, *,
+                 on_eval: Callable[[dict], None] | None = None, progress: Progress | None = None,
+                 checkpoint_path=None, resolved: dict | None = None):
+        self.config = config                   # validated: see RunConfig.validate
+        self.resolved = resolved if resolved is not None else config.to_dict()   # what config.json records
+        self.algorithm = algorithm = config.algorithm
+        device = config.device
         self.model = FlatModel(module, device)
-        self.server = ParameterServer(algorithm, self.model.flat, num_workers, on_nonfinite=on_nonfinite)
-        self.train_x, self.train_y = train_data.x.to(device), train_data.y.to(device)
-        self.test_x, self.test_y = test_data.x.to(device), test_data.y.to(device)
-        self.num_samples = len(self.train_y)
-        self.batch_size, self.partition, self.seed = batch_size, partition, seed
-        self.workers = [self.make_worker(m, self.model) for m in range(num_workers)]
-        self.sample_budget = int(round(epochs * self.num_samples))
-        self.eval_interval = max(1, int(round(eval_every * self.num_samples)))
+        self.server = ParameterServer(algorithm, self.model.flat, config.workers, on_nonfinite=config.on_nonfinite)
+        self.schedule = LRSchedule(config.lr, tuple(config.lr_milestones), config.lr_gamma)
+        self.test_data = SimpleNamespace(x=test_data.x.to(device), y=test_data.y.to(device))
+        self.worker_factory = WorkerFactory(algorithm, config.workers, config.batch_size, config.partition,
+                                            config.seed, train_data.x.to(device), train_data.y.to(device),
+                                            w0=self.server.w.clone(), model=self.model)
+        self.num_samples = len(train_data.y)
+        self.sample_budget = int(round(config.epochs * self.num_samples))
+        self.eval_interval = max(1, int(round(config.eval_every * self.num_samples)))
+        self.checkpoint_path = checkpoint_path if config.checkpoint_every else None
         self.samples = 0
         self.virtual_s = 0.0
         self.metrics: list[dict] = []
         self.notes: list[str] = []
-        self.summary_extra: dict = {}   # runtime-specific entries of summary.json (local: workers_lost)
-        # A runtime may set an evaluator: evaluate() then hands it a snapshot of the weights, and
-        # the record joins self.metrics (in order) when the result comes back; see runtimes/local.py.
-        self.evaluator = None
+        self.figures: dict = {}     # what runtimes report for summary.json (note(**figures))
         self._next_eval = 0
+        self._next_checkpoint = config.checkpoint_every
         self._loss_sum, self._loss_count = 0.0, 0
         self._start = time.perf_counter()
         self._on_eval = on_eval
         self._progress = progress
-        self.checkpoint_every = checkpoint_every
-        self.checkpoint_path = checkpoint_path if checkpoint_every else None
-        self._next_checkpoint = checkpoint_every
 
-    # ---- checkpoints ------------------------------------------------------------
-    def progress_state(self) -> dict:
-        return {"samples": self.samples, "virtual_s": self.virtual_s, "metrics": self.metrics,
-                "notes": self.notes, "next_eval": self._next_eval, "loss_sum": self._loss_sum,
-                "loss_count": self._loss_count, "wall_s": self.wall_s(), "next_checkpoint": self._next_checkpoint}
-
-    def load_progress_state(self, st: dict) -> None:
-        self.samples, self.virtual_s = int(st["samples"]), float(st["virtual_s"])
-        self.metrics, self.notes = list(st["metrics"]), list(st["notes"])
-        self._next_eval, self._next_checkpoint = int(st["next_eval"]), int(st["next_checkpoint"])
-        self._loss_sum, self._loss_count = float(st["loss_sum"]), int(st["loss_count"])
-        self._start = time.perf_counter() - float(st["wall_s"])
-        if self._progress is not None:
-            self._progress.update(self.samples)
-
-    def checkpoint_due(self) -> bool:
-        return self.checkpoint_path is not None and self.server.version >= self._next_checkpoint
-
-    def save_checkpoint(self, runtime_state: dict) -> None:
-        """Write the whole state; runtimes call this when ``checkpoint_due()``."""
-        from . import checkpoint
-        checkpoint.save(self.checkpoint_path, checkpoint.capture(self, runtime_state))
-        every = self.checkpoint_every
-        self._next_checkpoint = (self.server.version // every + 1) * every
-
-    @property
-    def worker_spec(self) -> WorkerSpec:
-        return WorkerSpec(self.algorithm, self.num_samples, self.num_workers, self.batch_size, self.partition,
-                          self.seed)
-
-    def make_worker(self, m: int, model: FlatModel) -> Worker:
-        """Worker m as this run defines it (a real runtime builds it in its own process
-        with ``worker_spec.build``)."""
-        return self.worker_spec.build(m, model, self.train_x, self.train_y, self.server.w)
-
-    # ---- what runtimes call ---------------------------------------------------
+    # ---- the runtime contract (runtimes/base.py) ---------------------------------
     @property
     def done(self) -> bool:
         return self.samples >= self.sample_budget
@@ -150,27 +101,26 @@ class TrainingRun:
     def lr(self) -> float:
         return self.schedule(self.epoch)
 
-    def wall_s(self) -> float:
-        return time.perf_counter() - self._start
+    @property
+    def checkpoint_every(self) -> int:
+        return self.config.checkpoint_every if self.checkpoint_path is not None else 0
 
-    def after_push(self, samples: int, loss: float, virtual_s: float) -> None:
+    def after_push(self, samples: int, loss: float, now: float, evaluator: Evaluator | None = None) -> None:
         """Account for one pushed message of ``samples`` samples and mean
-        mini-batch ``loss``; evaluate when an interval is crossed."""
+        mini-batch ``loss`` at time ``now``; evaluate when an interval is crossed."""
         self.samples += samples
-        self.virtual_s = virtual_s
+        self.virtual_s = now
         if math.isfinite(loss):
             self._loss_sum += loss
             self._loss_count += 1
         if self._progress is not None:
-            self._progress.update(samples)
+            self._progress.advance(samples)
         if self.samples >= self._next_eval and not self.done:
-            self.evaluate()
+            self.evaluate(evaluator)
 
-    def evaluate(self) -> dict:
-        """Evaluate the server's weights now, or, with an evaluator, a snapshot of them
-        (the record is then completed and appended when the evaluator answers)."""
-        if self.evaluator is None:
-            test_loss, test_acc = self.model.evaluate(self.server.w, self.test_x, self.test_y)
+    def evaluate(self, evaluator: Evaluator | None = None) -> None:
+        """Evaluate the server's weights now, or hand ``evaluator`` a snapshot of them
+        (the record is then completed and appended when it answers)."""
         stal = self.server.staleness
         record = {
             "epoch": round(self.epoch, 6),
@@ -188,21 +138,66 @@ class TrainingRun:
         self._loss_sum, self._loss_count = 0.0, 0
         while self._next_eval <= self.samples:
             self._next_eval += self.eval_interval
-        if self.evaluator is None:
-            self.record_evaluation(record, test_loss, test_acc)
+        if evaluator is None:
+            self._complete(record, *self.model.evaluate(self.server.w, self.test_data.x, self.test_data.y))
         else:
-            self.evaluator.submit(self.server.w, record)
-        return record
+            evaluator.submit(self.server.w, record, self._complete)
 
-    def record_evaluation(self, record: dict, test_loss: float, test_acc: float) -> None:
-        """Complete ``record`` with its test figures and append it to the metrics."""
+    def _complete(self, record: dict, test_loss: float, test_acc: float) -> None:
         record["test_loss"], record["test_acc"] = test_loss, test_acc
         self.metrics.append(record)
         if self._progress is not None:
-            self._progress.set_postfix(epoch=f"{record['epoch']:.2f}", updates=record["updates"],
-                                       loss=f"{test_loss:.4f}", acc=f"{test_acc:.4f}", refresh=False)
+            self._progress.evaluated(record)
         if self._on_eval is not None:
             self._on_eval(record)
+
+    def checkpoint_due(self) -> bool:
+        return self.checkpoint_path is not None and self.server.version >= self._next_checkpoint
+
+    def save_checkpoint(self, runtime_state: dict) -> None:
+        """Write the whole state (nothing when the run writes no checkpoints)."""
+        if self.checkpoint_path is None:
+            return
+        from . import checkpoint
+        checkpoint.save(self.checkpoint_path, checkpoint.capture(self, runtime_state))
+        every = self.config.checkpoint_every
+        self._next_checkpoint = (self.server.version // every + 1) * every
+
+    def note(self, text: str | None = None, **figures) -> None:
+        if text is not None:
+            self.notes.append(text)
+        self.figures.update(figures)
+
+    # ---- state, in the style of torch.nn.Module ------------------------------------
+    def wall_s(self) -> float:
+        return time.perf_counter() - self._start
+
+    def state_dict(self) -> dict:
+        """The server, the progress and metrics so far, the model's buffers and the torch RNG."""
+        return {
+            "server": self.server.state_dict(),
+            "progress": {"samples": self.samples, "virtual_s": self.virtual_s, "metrics": self.metrics,
+                         "notes": self.notes, "next_eval": self._next_eval, "loss_sum": self._loss_sum,
+                         "loss_count": self._loss_count, "wall_s": self.wall_s(),
+                         "next_checkpoint": self._next_checkpoint},
+            "buffers": dict(self.model.module.named_buffers()),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.server.load_state_dict(state["server"])
+        st = state["progress"]
+        self.samples, self.virtual_s = int(st["samples"]), float(st["virtual_s"])
+        self.metrics, self.notes = list(st["metrics"]), list(st["notes"])
+        self._next_eval, self._next_checkpoint = int(st["next_eval"]), int(st["next_checkpoint"])
+        self._loss_sum, self._loss_count = float(st["loss_sum"]), int(st["loss_count"])
+        self._start = time.perf_counter() - float(st["wall_s"])
+        buffers = dict(self.model.module.named_buffers())
+        for name, value in state["buffers"].items():
+            buffers[name].copy_(value)
+        torch.set_rng_state(state["torch_rng"])
+        if self._progress is not None:
+            self._progress.advance(self.samples)
 
     def finish(self) -> TrainResult:
         if not self.metrics or self.metrics[-1]["samples"] != self.samples:
@@ -211,7 +206,7 @@ class TrainingRun:
         final = self.metrics[-1]
         summary = {
             "algorithm": self.algorithm.name,
-            "workers": self.num_workers,
+            "workers": self.config.workers,
             "final_test_acc": final["test_acc"],
             "best_test_acc": max(m["test_acc"] for m in self.metrics),
             "final_test_loss": final["test_loss"],
@@ -225,10 +220,10 @@ class TrainingRun:
             "nonfinite_skipped": self.server.nonfinite_skipped,
             "weights_sha256": weights_sha256(self.server.w),
             "notes": self.notes,
-            **self.summary_extra,
+            **self.figures,
         }
         self.model.load(self.server.w)
-        return TrainResult(metrics=self.metrics, staleness=stal, summary=summary, config=self.config,
+        return TrainResult(metrics=self.metrics, staleness=stal, summary=summary, config=self.resolved,
                            weights=self.server.w.clone(), model=self.model.module,
                            staleness_log=self.server.staleness)
 
@@ -242,26 +237,28 @@ def _resolve_model(model, input_shape, num_classes) -> nn.Module:
     if callable(model):
         built = model()
         if not isinstance(built, nn.Module):
-            raise TypeError(f"the model factory returned {type(built).__name__}, not a torch.nn.Module")
+            raise ConfigError("model", f"factory returned {type(built).__name__}, not a torch.nn.Module")
         return built
-    raise TypeError(f"model must be a torch.nn.Module, a factory, or a model name, not {type(model).__name__}")
+    raise ConfigError("model", f"must be a torch.nn.Module, a factory, or a model name, not {type(model).__name__}")
 
 
-def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", workers: int = 4,
-          runtime=None, *, epochs: float = 1.0, batch_size: int = 128, lr: float | None = None,
-          lr_milestones: tuple[float, ...] = (), lr_gamma: float = 0.1, eval_every: float = 1.0,
-          partition: str = "shard", seed: int = 0, device: str = "cpu", on_nonfinite: str = "skip",
-          on_start: Callable[[dict], None] | None = None, on_eval: Callable[[dict], None] | None = None,
-          progress: bool = False, config: dict | None = None, checkpoint_every: int = 0,
-          checkpoint_path=None, resume=None) -> TrainResult:
+def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", workers: int | None = None,
+          runtime=None, *, config: RunConfig | None = None, on_start: Callable | None = None,
+          on_eval: Callable[[dict], None] | None = None, progress: bool = False, checkpoint_path=None,
+          resume=None, **options) -> TrainResult:
     """Train ``model`` with ``algorithm`` on ``workers`` workers; return the metrics.
 
     ``model`` is a ``torch.nn.Module``, a zero-argument factory, or a model
     name from ``stalegrad.models`` (built for the data's shape). The data sets
     are ``stalegrad.data.Dataset`` objects (anything with ``x``, ``y`` tensors
-    works). ``runtime`` defaults to the deterministic simulator. ``lr``
-    defaults to the algorithm's (0.1 for server SGD and local SGD, 0.001 for
-    local Adam).
+    works). ``runtime`` defaults to the deterministic simulator.
+
+    The options of the run are those of ``RunConfig`` (``epochs``,
+    ``batch_size``, ``lr``, ``lr_milestones``, ``lr_gamma``, ``eval_every``,
+    ``partition``, ``seed``, ``device``, ``on_nonfinite``, ``checkpoint_every``),
+    given as keywords or as ``config=RunConfig(...)``; ``lr`` defaults to the
+    algorithm's (0.1 for server SGD and local SGD, 0.001 for local Adam).
+    Every mistake raises ``stalegrad.ConfigError`` before anything runs.
 
     ``checkpoint_every=N`` writes the complete state to ``checkpoint_path``
     every N server updates; ``resume=PATH`` continues from such a checkpoint
@@ -269,75 +266,39 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
     """
     from .runtimes import make_runtime
 
-    if isinstance(algorithm, str):
-        algorithm = make_algorithm(algorithm)
-    algorithm.validate()
-    _check_positive_int("workers", workers)
-    _check_positive_int("batch_size", batch_size)
-    if not epochs > 0:
-        raise ValueError(f"epochs must be > 0, got {epochs!r}")
-    if not eval_every > 0:
-        raise ValueError(f"eval_every must be > 0, got {eval_every!r}")
-    if partition not in PARTITIONS:
-        raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
-    if algorithm.sequential and workers != 1:
-        raise ValueError(f"{algorithm.name} is sequential and runs exactly one worker; pass workers=1 "
-                         "(or compare with asgd for M asynchronous workers)")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available here; use device='cpu'")
-    if not isinstance(checkpoint_every, int) or checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be a non-negative integer (updates), got {checkpoint_every!r}")
-    if checkpoint_every and checkpoint_path is None:
-        raise ValueError("checkpoint_every needs a checkpoint_path to write to")
-    runtime = make_runtime(runtime if runtime is not None else "sim", workers)
-    schedule = LRSchedule(lr if lr is not None else default_lr(algorithm), tuple(lr_milestones), lr_gamma)
-
-    torch.manual_seed(seed)
+    if config is None:
+        config = RunConfig.from_options(algorithm=algorithm, workers=workers, **options)
+    elif options:
+        raise ConfigError(sorted(options)[0], "is given twice: pass it in config= or as a keyword, not both")
+    config = config.validate()
+    config.check_data(train_data, test_data)
+    if config.checkpoint_every and checkpoint_path is None:
+        raise ConfigError("checkpoint_path", "is needed by checkpoint_every: the file to write checkpoints to")
+    runtime = make_runtime(runtime if runtime is not None else "sim")
+    torch.manual_seed(config.seed)
     num_classes = int(getattr(train_data, "num_classes", int(train_data.y.max()) + 1))
     module = _resolve_model(model, tuple(train_data.x.shape[1:]), num_classes)
-    resolved = {
-        "algorithm": algorithm.to_dict(), "workers": workers, "runtime": runtime.describe(),
-        "epochs": epochs, "batch_size": batch_size, "lr": schedule.base, "lr_milestones": list(schedule.milestones),
-        "lr_gamma": schedule.gamma, "eval_every": eval_every, "partition": partition, "seed": seed,
-        "device": device, "on_nonfinite": on_nonfinite,
-        "train_samples": len(train_data.y), "test_samples": len(test_data.y),
-    }
-    resolved.update(config or {})
+    resolved = config.to_dict()
+    resolved.update(runtime=runtime.describe(), train_samples=len(train_data.y), test_samples=len(test_data.y))
     saved = None
     if resume is not None:
         from . import checkpoint
         saved = checkpoint.load(resume)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=int(round(epochs * len(train_data.y))), unit="sample", unit_scale=True,
-                   desc=f"{algorithm.name} x{workers}", leave=False, dynamic_ncols=True)
+    bar = make_progress(int(round(config.epochs * len(train_data.y))),
+                        f"{config.algorithm.name} x{config.workers}") if progress else None
     try:
-        run = TrainingRun(module=module, train_data=train_data, test_data=test_data, algorithm=algorithm,
-                          num_workers=workers, epochs=epochs, batch_size=batch_size, schedule=schedule,
-                          eval_every=eval_every, partition=partition, seed=seed, device=device,
-                          on_nonfinite=on_nonfinite, config=resolved, on_eval=on_eval, progress=bar,
-                          checkpoint_every=checkpoint_every, checkpoint_path=checkpoint_path)
+        run = TrainingRun(module, train_data, test_data, config, on_eval=on_eval, progress=bar,
+                          checkpoint_path=checkpoint_path, resolved=resolved)
         if saved is not None:   # checked before on_start writes anything
             checkpoint.check_matches(resume, saved, run)
         if on_start is not None:   # (configuration, metrics so far: those of the checkpoint when resuming)
-            on_start(resolved, list(saved["run"]["metrics"]) if saved is not None else [])
+            on_start(resolved, list(saved["run"]["progress"]["metrics"]) if saved is not None else [])
         if saved is None:
             run.evaluate()   # epoch 0: the initial weights
-            runtime.run(run, seed=seed)
+            runtime.run(run, seed=config.seed)
         else:
-            runtime_state = checkpoint.restore(run, saved)
-            runtime.run(run, seed=seed, resume=runtime_state)
+            runtime.run(run, seed=config.seed, resume=checkpoint.restore(run, saved))
         return run.finish()
     finally:
         if bar is not None:
             bar.close()
-
-
-def default_lr(algorithm: Algorithm) -> float:
-    return 0.001 if getattr(algorithm, "local_opt", "sgd") == "adam" else 0.1
-
-
-def _check_positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -1,15 +1,19 @@
 """The worker side: a model over one flat weight vector, mini-batch streams,
-and the worker loop (pull, local steps, message) shared by every runtime.
+the worker loop (pull, local steps, message) shared by every runtime, and the
+factory that builds worker m the same way in any process.
 """
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .algorithms import Algorithm
-
-PARTITIONS = ("shard", "iid")
+from .config import PARTITIONS
+from .server import to_device
 
 
 class FlatModel:
@@ -112,10 +116,10 @@ class BatchStream:
         self.order = torch.cat([self.order, indices[torch.randperm(len(indices), generator=self.rng)]])
 
     def state_dict(self) -> dict:
-        return {"order": self.order, "pos": self.pos, "rng": self.rng.get_state()}
+        return {"pool": self.pool, "order": self.order, "pos": self.pos, "rng": self.rng.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.order, self.pos = state["order"], state["pos"]
+        self.pool, self.order, self.pos = state["pool"], state["order"], int(state["pos"])
         self.rng.set_state(state["rng"])
 
 
@@ -123,8 +127,9 @@ class Worker:
     """One worker: its algorithm state, its mini-batches, and the model it uses.
 
     The loop every runtime runs, split where a runtime may wait in between:
-    ``compute(pulled, lr)`` runs the local steps, ``message(pulled, computed)`` builds what
-    is pushed; a runtime pulls before or between them (``algorithm.pull_before_compute``).
+    ``compute(pulled, lr)`` runs the local steps and returns ``(mean loss,
+    computed)``; ``message(pulled, computed)`` builds what is pushed. A runtime
+    pulls before ``compute`` or between the two (``algorithm.pull_before_compute``).
     """
 
     def __init__(self, worker_id: int, algorithm: Algorithm, model: FlatModel, x: Tensor, y: Tensor,
@@ -135,8 +140,6 @@ class Worker:
         self.x, self.y = x, y
         self.stream = stream
         self.state = algorithm.worker_init(w0, num_workers)
-        self.pulled: Tensor | None = None
-        self.last_loss = float("nan")
 
     @property
     def samples_per_message(self) -> int:
@@ -147,9 +150,62 @@ class Worker:
         # index_select: the same rows as x[idx], several times faster for image tensors
         return self.model.loss_and_grad(w, self.x.index_select(0, idx), self.y.index_select(0, idx))
 
-    def compute(self, pulled: Tensor | None, lr: float):
-        self.last_loss, computed = self.algorithm.worker_compute(self.state, pulled, self.grad_fn, lr)
-        return computed
+    def compute(self, pulled: Tensor | None, lr: float) -> tuple[float, object]:
+        """The local steps from ``pulled``: (mean mini-batch loss, what ``message`` needs)."""
+        return self.algorithm.worker_compute(self.state, pulled, self.grad_fn, lr)
 
     def message(self, pulled: Tensor | None, computed) -> Tensor:
         return self.algorithm.worker_finish(self.state, pulled, computed)
+
+    # ---- checkpoints, in the style of torch.optim.Optimizer ------------------------
+    def state_dict(self) -> dict:
+        """The algorithm state (local optimizer, elastic weights) and the mini-batch stream."""
+        return {"algorithm": self.state, "stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = to_device(state["algorithm"], self.x.device)
+        self.stream.load_state_dict(state["stream"])
+
+
+@dataclass(frozen=True)
+class WorkerFactory:
+    """Builds worker m exactly the same way in this process or in another one.
+
+    ``x``, ``y`` are the training set, ``w0`` the initial weights, ``model`` the
+    run's own ``FlatModel``: in-process workers share it (and so its BatchNorm
+    statistics) with the server's evaluation. A runtime that builds workers
+    elsewhere replaces what does not travel (``dataclasses.replace``: shared
+    copies of ``x`` and ``y``, ``model=None``) and passes each worker a model
+    and its first weights.
+    """
+    algorithm: Algorithm
+    num_workers: int
+    batch_size: int
+    partition: str
+    seed: int
+    x: Tensor
+    y: Tensor
+    w0: Tensor | None = None
+    model: FlatModel | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.y.shape[0])
+
+    def stream(self, m: int) -> BatchStream:
+        return BatchStream(self.num_samples, m, self.num_workers, self.batch_size, self.partition, self.seed)
+
+    def build(self, m: int, model: FlatModel | None = None, w0: Tensor | None = None) -> Worker:
+        """Worker m over ``model`` (default: the run's), starting from ``w0`` (default: the initial weights)."""
+        model = model if model is not None else self.model
+        w0 = w0 if w0 is not None else self.w0
+        if model is None or w0 is None:
+            raise ValueError("this factory travelled without a model or weights: pass model= and w0=")
+        device = model.flat.device
+        return Worker(m, self.algorithm, model, self.x.to(device), self.y.to(device), self.stream(m), w0,
+                      self.num_workers)
+
+    def portable(self, x: Tensor, y: Tensor) -> "WorkerFactory":
+        """A copy for another process: the given (shared) data, no model, no weights."""
+        return dataclasses.replace(self, x=x, y=y, w0=None, model=None)
+

@@ -53,7 +53,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, algo, delay
         with pytest.raises(Interrupt):
             train(algo, delay, tmp_path / "cut.pt")
     saved = torch.load(tmp_path / "cut.pt", weights_only=True)
-    assert saved["server"]["version"] == 7          # the last checkpoint before the interruption
+    assert saved["run"]["server"]["version"] == 7          # the last checkpoint before the interruption
     resumed = train(algo, delay, tmp_path / "cut.pt", resume=tmp_path / "cut.pt")
     assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
     assert resumed.update_log() == full.update_log()

@@ -1,6 +1,9 @@
 """Every algorithm of both papers and their baselines, by name."""
 from __future__ import annotations
 
+import warnings
+
+from ..errors import ConfigError
 from .agn import AGN, CommitAlgorithm, Downpour
 from .base import Algorithm, GradientAlgorithm
 from .dcasgd import DCASGDAdaptive, DCASGDConstant
@@ -14,19 +17,33 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 }
 
 
+# Renamed parameters, accepted under their old name for one release: (algorithm class, old) -> new.
+RENAMED = {(CommitAlgorithm, "weight_decay"): "local_weight_decay"}
+
+
+def renamed(cls: type[Algorithm], key: str) -> str | None:
+    """The new name of ``key`` if it is a deprecated spelling of one of ``cls``'s parameters."""
+    return next((new for (base, old), new in RENAMED.items() if old == key and issubclass(cls, base)), None)
+
+
 def make_algorithm(name: str, **params) -> Algorithm:
     """Build and validate an algorithm from its name and hyper-parameters.
 
-    Raises ValueError with a one-line message naming the problem and the fix.
+    Raises ConfigError with a one-line message naming the problem and the fix.
     """
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+        raise ConfigError("algorithm", f"must be one of {', '.join(ALGORITHMS)}, got {name!r}")
     cls = ALGORITHMS[name]
     known = {f.name for f in cls.hyperparameters()}
-    for key in params:
-        if key not in known:
+    for key in list(params):
+        new = renamed(cls, key)
+        if new is not None and new not in params:
+            warnings.warn(f"{name}: {key} is now called {new} (the old name goes in the next release)",
+                          DeprecationWarning, stacklevel=2)
+            params[new] = params.pop(key)
+        elif key not in known:
             allowed = ", ".join(sorted(known)) or "none"
-            raise ValueError(f"{name} has no parameter {key!r} (its parameters: {allowed})")
+            raise ConfigError(key, f"is not a parameter of {name} (its parameters: {allowed})")
     algo = cls(**params)
     algo.validate()
     return algo

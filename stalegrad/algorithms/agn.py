@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..errors import ConfigError
 from . import local_opt
-from .base import Algorithm, check_nonnegative, check_positive, elementwise, param
+from .base import Algorithm, check_nonnegative, elementwise, param
 
 
 @dataclass(frozen=True)
@@ -20,16 +21,16 @@ class CommitAlgorithm(Algorithm):
     window: int = param(10, "local steps between two commits (the communication window lambda)", "--window")
     local_opt: str = param("adam", "the worker's local optimizer", "--local-opt", local_opt.LOCAL_OPTIMIZERS)
     local_momentum: float = param(0.0, "momentum of the local 'sgd' optimizer", "--local-momentum")
-    weight_decay: float = param(0.0, "L2 weight decay inside the local optimizer", "--weight-decay")
+    local_weight_decay: float = param(0.0, "L2 weight decay inside the worker's local optimizer",
+                                      "--local-weight-decay")
 
     normalise: ClassVar[bool] = False  # AGN divides the commit by the window
 
     def validate(self):
         super().validate()
-        check_positive(self, "window")
-        check_nonnegative(self, "weight_decay", "local_momentum")
-        if not isinstance(self.window, int):
-            raise ValueError(f"{self.name}: window must be an integer, got {self.window!r}")
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
+            raise ConfigError("window", f"must be a positive integer, got {self.window!r}", self.name)
+        check_nonnegative(self, "local_weight_decay", "local_momentum")
 
     @property
     def steps_per_message(self) -> int:
@@ -44,7 +45,7 @@ class CommitAlgorithm(Algorithm):
         for _ in range(self.window):
             loss, g = grad_fn(w)
             local_opt.step(self.local_opt, state["opt"], w, g, lr,
-                           momentum=self.local_momentum, weight_decay=self.weight_decay)
+                           momentum=self.local_momentum, weight_decay=self.local_weight_decay)
             total += loss
         return total / self.window
 

@@ -39,6 +39,8 @@ from typing import Callable, ClassVar
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError, check_finite_positive
+
 # grad_fn(weights) -> (mini-batch loss, flat gradient). The gradient tensor may
 # be a view of a buffer that the next call overwrites: consume it first.
 GradFn = Callable[[Tensor], "tuple[float, Tensor]"]
@@ -72,6 +74,12 @@ class Algorithm:
     synchronous: ClassVar[bool] = False
     pull_before_compute: ClassVar[bool] = True
     sequential: ClassVar[bool] = False  # exactly one worker
+    # The worker sends one gradient at the weights it pulled (worker_compute is grad_fn(pulled)),
+    # so the simulator may compute the gradients of several workers in one batched call.
+    vectorisable: ClassVar[bool] = False
+    # Keys of the server state that hold per-element tensors shaped like w (or lists of them, one
+    # per worker); an @elementwise rule gets these sliced to a chunk and every other key as it is.
+    per_element_state: ClassVar[tuple[str, ...]] = ()
 
     # ---- introspection (CLI, docs, config) ---------------------------------
     @classmethod
@@ -82,12 +90,14 @@ class Algorithm:
         return {"name": self.name, **dataclasses.asdict(self)}
 
     def validate(self) -> None:
-        """Raise ValueError naming the bad hyper-parameter and the fix."""
+        """Raise ConfigError naming the bad hyper-parameter and the fix."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             choices = f.metadata.get("choices")
             if choices is not None and value not in choices:
-                raise ValueError(f"{self.name}: {f.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+                raise ConfigError(f.name, f"must be one of {', '.join(map(str, choices))}, got {value!r}", self.name)
+            if isinstance(f.default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ConfigError(f.name, f"must be a number, got {value!r}", self.name)
 
     @property
     def steps_per_message(self) -> int:
@@ -123,17 +133,25 @@ class Algorithm:
 
 
 def check_positive(algo: Algorithm, *names: str) -> None:
+    """Each named hyper-parameter is a finite number > 0 (ConfigError otherwise)."""
     for n in names:
-        v = getattr(algo, n)
-        if not v > 0:
-            raise ValueError(f"{algo.name}: {n} must be > 0, got {v!r}")
+        check_finite_positive(n, getattr(algo, n), algo.name)
 
 
 def check_nonnegative(algo: Algorithm, *names: str) -> None:
+    """Each named hyper-parameter is a finite number >= 0 (ConfigError otherwise)."""
     for n in names:
-        v = getattr(algo, n)
-        if not v >= 0:
-            raise ValueError(f"{algo.name}: {n} must be >= 0, got {v!r}")
+        check_finite_positive(n, getattr(algo, n), algo.name, strict=False)
+
+
+def check_fraction(algo: Algorithm, name: str, low_open: bool = False, high_open: bool = True) -> None:
+    """The named hyper-parameter lies in [0, 1) (or the interval the flags say)."""
+    v = getattr(algo, name)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (0 < v if low_open else 0 <= v) \
+        and (v < 1 if high_open else v <= 1)
+    if not ok:
+        interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
+        raise ConfigError(name, f"must be in {interval}, got {v!r}", algo.name)
 
 
 # --------------------------------------------------------------------------
@@ -144,23 +162,22 @@ def check_nonnegative(algo: Algorithm, *names: str) -> None:
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GradientAlgorithm(Algorithm):
+    vectorisable = True
+    per_element_state = ("momentum_buffer",)
+
     momentum: float = param(0.0, "server heavy-ball momentum, applied after the delay correction", "--momentum")
     weight_decay: float = param(0.0, "L2 weight decay added to the (corrected) gradient on the server", "--weight-decay")
 
     def validate(self) -> None:
         super().validate()
         check_nonnegative(self, "weight_decay")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"{self.name}: momentum must be in [0, 1), got {self.momentum!r}")
+        check_fraction(self, "momentum")
 
     def worker_compute(self, state, pulled, grad_fn, lr):
         loss, g = grad_fn(pulled)
         # No copy: every runtime consumes the message (push) before the next
         # gradient, and the server copies what it keeps for a synchronous round.
         return loss, g
-
-    def worker_finish(self, state, pulled, computed):
-        return computed
 
     def server_init(self, w, num_workers):
         return {"momentum_buffer": torch.zeros_like(w)} if self.momentum else {}

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import GradientAlgorithm, check_nonnegative, check_positive, elementwise, param
+from .base import GradientAlgorithm, check_fraction, check_nonnegative, check_positive, elementwise, param
 
 
 class _DelayCompensated(GradientAlgorithm):
+    per_element_state = ("momentum_buffer", "w_bak", "mean_square")
+
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
         # One snapshot per worker: the weights it pulled. Never shared.
@@ -66,8 +68,7 @@ class DCASGDAdaptive(_DelayCompensated):
         super().validate()
         check_nonnegative(self, "lam0")
         check_positive(self, "eps")
-        if not 0 <= self.ms_momentum < 1:
-            raise ValueError(f"{self.name}: ms_momentum must be in [0, 1), got {self.ms_momentum!r}")
+        check_fraction(self, "ms_momentum")
 
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)

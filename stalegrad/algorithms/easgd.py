@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .agn import CommitAlgorithm
-from .base import check_positive, elementwise, param
+from ..errors import ConfigError
+from .base import check_fraction, check_positive, elementwise, param
 
 
 class _Elastic(CommitAlgorithm):
@@ -52,8 +53,7 @@ class EASGD(_Elastic):
 
     def validate(self):
         super().validate()
-        if not 0 < self.beta <= 1:
-            raise ValueError(f"{self.name}: beta must be in (0, 1], got {self.beta!r}")
+        check_fraction(self, "beta", low_open=True, high_open=False)
 
     def alpha(self, num_workers: int) -> float:
         return self.beta / num_workers
@@ -78,7 +78,8 @@ class AEASGD(_Elastic):
         super().validate()
         check_positive(self, "rho", "elastic_lr")
         if not self.rho * self.elastic_lr <= 1:
-            raise ValueError(f"{self.name}: alpha = rho*elastic_lr must be <= 1, got {self.rho * self.elastic_lr!r}")
+            raise ConfigError("elastic_lr", f"times rho (alpha = rho*elastic_lr) must be <= 1, "
+                                            f"got {self.rho * self.elastic_lr!r}", self.name)
 
     def alpha(self, num_workers: int) -> float:
         return self.rho * self.elastic_lr

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
+
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 
 
@@ -17,7 +19,7 @@ def init(name: str, w: Tensor, momentum: float = 0.0) -> dict:
         return {"step": 0, "m": torch.zeros_like(w), "v": torch.zeros_like(w)}
     if name == "sgd":
         return {"buf": torch.zeros_like(w)} if momentum else {}
-    raise ValueError(f"unknown local optimizer {name!r}; choose one of {', '.join(LOCAL_OPTIMIZERS)}")
+    raise ConfigError("local_opt", f"must be one of {', '.join(LOCAL_OPTIMIZERS)}, got {name!r}")
 
 
 def step(name: str, state: dict, w: Tensor, g: Tensor, lr: float, *, momentum: float = 0.0,

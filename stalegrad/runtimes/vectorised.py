@@ -9,7 +9,7 @@ batched call, ``torch.func.vmap`` over ``grad_and_value`` of the model's
 ``functional_call``, on their stacked weights and mini-batches. Under round
 robin that is M workers' gradients every M events.
 
-Everything else is the one-by-one event loop (``sim._EventLoop``): the same
+Everything else is the one-by-one event loop (``events.EventLoop``): the same
 heap, the same delay draws, the same pulls (and snapshots) at the same
 versions, and the server applies the pushes one at a time, in event order. The
 result equals the one-by-one mode's to floating-point tolerance (batched
@@ -23,7 +23,7 @@ collected during the batched call and folded in when that worker's event is
 popped, so evaluations in between see the same statistics.
 
 Scope: the gradient algorithms (sgd, ssgd, asgd, dcasgd-c, dcasgd-a), whose
-message is one gradient at the pulled weights. Commit and elastic algorithms
+message is one gradient at the pulled weights (``Algorithm.vectorisable``). Commit and elastic algorithms
 (agn, downpour, dynsgd, easgd, aeasgd) take local steps that depend on each
 other, trace replays pull at recorded versions, checkpoints save the streams
 of the workers mid-flight, and dropout draws random numbers per worker: for
@@ -37,43 +37,29 @@ import heapq
 import torch
 from torch import Tensor, nn
 
-from ..algorithms.base import GradientAlgorithm
 from ..delays import Trace
 from ..worker import FlatModel
-from .sim import _EventLoop
+from .base import Training
+from .events import EventLoop
 
 # The stacked weights and gradients of one batched call stay under this many bytes.
 GROUP_BYTES = 256 * 2**20
 
 
-def unsupported(run, delay, resume) -> str | None:
+def unsupported(training: Training, delay, resume) -> str | None:
     """Why this run cannot be vectorised, or None."""
-    algo = type(run.algorithm)
-    if not (issubclass(algo, GradientAlgorithm) and algo.worker_compute is GradientAlgorithm.worker_compute
-            and algo.worker_finish is GradientAlgorithm.worker_finish and run.algorithm.pull_before_compute):
-        return (f"{run.algorithm.name} does not send one gradient at the pulled weights (only sgd, ssgd, asgd, "
+    algo = training.server.algorithm
+    if not (algo.vectorisable and algo.pull_before_compute):
+        return (f"{algo.name} does not send one gradient at the pulled weights (only sgd, ssgd, asgd, "
                 "dcasgd-c and dcasgd-a do)")
-    if isinstance(delay, Trace) and not run.algorithm.synchronous:
+    if isinstance(delay, Trace) and not algo.synchronous:
         return "a trace replay pulls at recorded versions"
-    if resume is not None or getattr(run, "checkpoint_path", None) is not None:
+    if resume is not None or training.checkpoint_every:
         return "checkpoints record the workers' mini-batch streams one event at a time"
-    if getattr(run, "evaluator", None) is not None:
-        return "this run evaluates asynchronously"
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in run.model.module.modules()):
+    model = training.worker_factory.model
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.module.modules()):
         return "the model has dropout, whose random draws differ between batched and one-by-one calls"
     return None
-
-
-def run_vectorised(run, delay, step_time: float, rng, resume=None) -> bool:
-    """Drive ``run`` with batched gradients; False (and a note) when it cannot."""
-    why = unsupported(run, delay, resume)
-    if why is not None:
-        run.notes.append(f"vectorised simulation not used: {why}; the workers ran one at a time")
-        return False
-    loop = _VectorisedLoop(run, delay, step_time, rng)
-    loop.begin()
-    loop.run()
-    return True
 
 
 class BatchedGradient:
@@ -150,27 +136,29 @@ class BatchedGradient:
                 m.running_var.mul_(1 - f).add_(var, alpha=f)
 
 
-class _VectorisedLoop(_EventLoop):
+class VectorisedLoop(EventLoop):
     """The event loop, with every waiting worker's gradient computed in one batched call."""
 
-    def __init__(self, run, delay, step_time, rng):
-        super().__init__(run, delay, step_time, rng)
-        self.grad = BatchedGradient(run.model)
+    def __init__(self, training: Training, delay, step_time, rng):
+        super().__init__(training, delay, step_time, rng)
+        model = training.worker_factory.model
+        self.x, self.y = training.worker_factory.x, training.worker_factory.y
+        self.grad = BatchedGradient(model)
         self.waiting: list[int] = []        # started; gradient not computed yet (in start order)
         self.ready: dict[int, tuple] = {}   # m -> (loss, gradient, batch statistics), not pushed yet
-        self.group = max(1, GROUP_BYTES // (8 * run.model.numel))   # weights + gradients of one call
+        self.group = max(1, GROUP_BYTES // (8 * model.numel))   # weights + gradients of one call
 
     def start(self, m: int) -> None:
         super().start(m)
         self.waiting.append(m)
 
     def compute_waiting(self) -> None:
-        run, waiting = self.run_, self.waiting
+        waiting = self.waiting
         for i in range(0, len(waiting), self.group):
             ms = waiting[i:i + self.group]
-            idx = torch.cat([run.workers[m].stream.next() for m in ms]).to(run.train_x.device)
-            x = run.train_x.index_select(0, idx)   # the rows each worker's grad_fn would gather
-            y = run.train_y.index_select(0, idx)
+            idx = torch.cat([self.workers[m].stream.next() for m in ms]).to(self.x.device)
+            x = self.x.index_select(0, idx)   # the rows each worker's grad_fn would gather
+            y = self.y.index_select(0, idx)
             K = len(ms)
             W = torch.stack([self.pulled[m] for m in ms])
             losses, grads, stats = self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
@@ -179,18 +167,16 @@ class _VectorisedLoop(_EventLoop):
         waiting.clear()
 
     def run(self) -> None:
-        run, server = self.run_, self.server
-        while not run.done:
+        training, server = self.training, self.server
+        while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
                 self.compute_waiting()
             loss, g, stats = self.ready.pop(m)
             if stats:
                 self.grad.fold_running_stats(stats)
-            worker = run.workers[m]
-            worker.last_loss = loss
-            lr = run.lr
+            worker = self.workers[m]
+            lr = training.lr
             server.push(m, worker.message(self.pulled[m], g), lr)
-            run.after_push(worker.samples_per_message, loss, self.now)
+            training.after_push(worker.samples_per_message, loss, self.now)
             self.continue_after_push(m)
-        self.finish()

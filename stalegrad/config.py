@@ -1,0 +1,150 @@
+"""``RunConfig``: every option of one training run, validated in one place.
+
+Both ``stalegrad.train(...)`` and ``stalegrad train`` build one; ``validate()``
+returns it resolved (the algorithm built, the defaults that depend on it
+filled in) or raises ``ConfigError`` naming the parameter, so the API and the
+CLI refuse the same mistakes with the same message (the CLI spells the
+parameter as its flag). Runtime options (delay model, threads per worker)
+belong to the runtime objects, which check them the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+from .algorithms import Algorithm, make_algorithm
+from .errors import ConfigError, check_finite_positive
+
+PARTITIONS = ("shard", "iid")
+ON_NONFINITE = ("skip", "stop")
+MAX_SEED = 2**32 - 1   # the mini-batch streams derive per-worker seeds from it in 64 bits
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+@dataclass
+class RunConfig:
+    """The options of one run. ``None`` means "the default for this algorithm"."""
+    algorithm: Algorithm | str = "asgd"
+    workers: int | None = None           # 1 for sequential sgd, else 4
+    epochs: float = 1.0
+    batch_size: int = 128
+    lr: float | None = None              # 0.1 for server or local SGD, 0.001 for local Adam
+    lr_milestones: tuple[float, ...] = ()
+    lr_gamma: float = 0.1
+    eval_every: float = 1.0
+    partition: str = "shard"
+    seed: int = 0
+    device: str = "cpu"
+    on_nonfinite: str = "skip"
+    checkpoint_every: int = 0
+    extra: dict = field(default_factory=dict)   # recorded in config.json as given (data set, model name, ...)
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+
+    @classmethod
+    def from_options(cls, **options) -> "RunConfig":
+        unknown = sorted(set(options) - set(cls.fields()))
+        if unknown:
+            raise ConfigError(unknown[0], f"is not an option of a run; the options are {', '.join(cls.fields())}")
+        return cls(**options)
+
+    def validate(self) -> "RunConfig":
+        """A resolved, checked copy (``algorithm`` an ``Algorithm``, ``workers`` and ``lr`` set)."""
+        algo = self.algorithm
+        if isinstance(algo, str):
+            algo = make_algorithm(algo)
+        elif isinstance(algo, Algorithm):
+            algo.validate()
+        else:
+            raise ConfigError("algorithm", f"must be an algorithm name or an Algorithm, not {type(algo).__name__}")
+        workers = self.workers if self.workers is not None else (1 if algo.sequential else 4)
+        _positive_int("workers", workers)
+        if algo.sequential and workers != 1:
+            raise ConfigError("workers", f"must be 1 for {algo.name}, which is sequential, got {workers!r} "
+                                         "(asgd is its asynchronous counterpart)")
+        epochs = check_finite_positive("epochs", self.epochs)
+        eval_every = check_finite_positive("eval_every", self.eval_every)
+        _positive_int("batch_size", self.batch_size)
+        lr = default_lr(algo) if self.lr is None else check_finite_positive("lr", self.lr)
+        lr_gamma = check_finite_positive("lr_gamma", self.lr_gamma)
+        milestones = self._milestones()
+        _choice("partition", self.partition, PARTITIONS)
+        _choice("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
+        if not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError("seed", f"must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
+        if not _is_int(self.checkpoint_every) or self.checkpoint_every < 0:
+            raise ConfigError("checkpoint_every", f"must be a non-negative integer (server updates), "
+                                                  f"got {self.checkpoint_every!r}")
+        self._check_device()
+        return dataclasses.replace(self, algorithm=algo, workers=workers, epochs=epochs, eval_every=eval_every,
+                                   lr=lr, lr_gamma=lr_gamma, lr_milestones=milestones)
+
+    def _milestones(self) -> tuple[float, ...]:
+        try:
+            values = tuple(self.lr_milestones)
+        except TypeError:
+            values = None
+        if values is None or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise ConfigError("lr_milestones", f"must be a list of epochs, e.g. (80, 120), got {self.lr_milestones!r}")
+        values = tuple(float(v) for v in values)
+        if any(not math.isfinite(v) or v <= 0 for v in values):
+            raise ConfigError("lr_milestones", f"must be finite epochs > 0, got {list(values)}")
+        if any(b <= a for a, b in zip(values, values[1:])):
+            raise ConfigError("lr_milestones", f"must be increasing, e.g. 80,120, got {list(values)}")
+        return values
+
+    def _check_device(self) -> None:
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
+            raise ConfigError("device", f"must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.device.startswith("cuda"):
+            import torch
+            if not torch.cuda.is_available():
+                raise ConfigError("device", f"is {self.device} but CUDA is not available on this machine; use cpu")
+
+    def check_data(self, train_data, test_data) -> None:
+        """The data sets fit this (validated) configuration: same sample shape, enough samples."""
+        train_shape, test_shape = tuple(train_data.x.shape[1:]), tuple(test_data.x.shape[1:])
+        if train_shape != test_shape:
+            raise ConfigError("test_data", f"holds samples of shape {test_shape} but the training set's are "
+                                           f"{train_shape}; use a test set of the same data set")
+        if len(train_data.y) != len(train_data.x) or len(test_data.y) != len(test_data.x):
+            raise ConfigError("train_data", "has a different number of samples and labels")
+        if len(test_data.y) == 0:
+            raise ConfigError("test_data", "is empty")
+        n = len(train_data.y)
+        per_worker = n if self.partition == "iid" else n // self.workers
+        if self.batch_size > per_worker:
+            raise ConfigError("batch_size", f"is {self.batch_size}, larger than each worker's {per_worker} samples "
+                                            f"({n} samples, {self.workers} workers); lower it or the workers, "
+                                            "or use partition 'iid'")
+
+    def to_dict(self) -> dict:
+        """The resolved options as config.json records them."""
+        algo = self.algorithm if isinstance(self.algorithm, Algorithm) else make_algorithm(self.algorithm)
+        return {"algorithm": algo.to_dict(), "workers": self.workers, "epochs": self.epochs,
+                "batch_size": self.batch_size, "lr": self.lr, "lr_milestones": list(self.lr_milestones),
+                "lr_gamma": self.lr_gamma, "eval_every": self.eval_every, "partition": self.partition,
+                "seed": self.seed, "device": self.device, "on_nonfinite": self.on_nonfinite,
+                "checkpoint_every": self.checkpoint_every, **self.extra}
+
+
+def default_lr(algorithm: Algorithm) -> float:
+    return 0.001 if getattr(algorithm, "local_opt", "sgd") == "adam" else 0.1
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_int(name: str, value) -> None:
+    if not _is_int(value) or value < 1:
+        raise ConfigError(name, f"must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")

@@ -1,0 +1,67 @@
+"""One family of exceptions, each with the exit code the command line uses.
+
+Every error the library raises on purpose is a ``StalegradError``; the CLI
+catches that one class and prints its message as one line. Two kinds:
+
+- ``UsageError`` (exit code 2): the user's input is wrong (an option, a file,
+  a data set, a run directory). Nothing has been written or changed.
+- ``RunError`` (exit code 1): the input was fine, but the run failed
+  (a NaN/Inf update under ``on_nonfinite='stop'``, a worker process raised).
+
+``ConfigError`` names the parameter in Python terms (``lr must be > 0``); the
+CLI prints the same message with the flag instead (``--lr must be > 0``), so
+that ``stalegrad.train(lr=-1)`` and ``stalegrad train --lr -1`` say the same.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+
+class StalegradError(Exception):
+    """Base class of every error stalegrad raises on purpose."""
+    exit_code = 1
+
+
+class UsageError(StalegradError, ValueError):
+    """A mistake in the user's input, found before anything was written."""
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A bad value of one named parameter.
+
+    ``ConfigError("lr", "must be > 0 and finite, got -1.0")`` reads
+    ``lr must be > 0 and finite, got -1.0``; ``context`` (an algorithm's or a
+    runtime's name) is put in front: ``dcasgd-a: lam0 must be >= 0``.
+    """
+
+    def __init__(self, param: str, problem: str, context: str | None = None):
+        self.param, self.problem, self.context = param, problem, context
+        super().__init__(self.render(param))
+
+    def render(self, name: str) -> str:
+        text = f"{name} {self.problem}"
+        return f"{self.context}: {text}" if self.context else text
+
+    def for_cli(self, flag_of: Callable[[str], str | None]) -> str:
+        """The message with the parameter spelled as its command-line flag, if it has one."""
+        flag = flag_of(self.param)
+        return self.render(flag) if flag else str(self)
+
+
+class RunError(StalegradError, RuntimeError):
+    """A run that started correctly failed."""
+    exit_code = 1
+
+
+def check_finite_positive(name: str, value, context: str | None = None, *, strict: bool = True) -> float:
+    """``value`` as a float, or ConfigError: it must be a finite number > 0 (``strict``) or >= 0."""
+    try:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        v = float(value) if ok else None
+    except OverflowError:
+        v = None
+    bound = "> 0" if strict else ">= 0"
+    if v is None or v != v or v in (float("inf"), float("-inf")) or (v <= 0 if strict else v < 0):
+        raise ConfigError(name, f"must be a finite number {bound}, got {value!r}", context)
+    return v

@@ -1,0 +1,188 @@
+"""The simulator's two drivers: the event loop over a virtual clock, and trace replay.
+
+Both own the M workers of a simulated run (built by the training run's
+``worker_factory``, all sharing its model) and drive them through the runtime
+contract (``runtimes/base.py``). ``sim.Simulator`` chooses one of them, or the
+batched ``vectorised.VectorisedLoop``, which extends ``EventLoop``.
+"""
+from __future__ import annotations
+
+import heapq
+import random
+
+from ..delays import DelayModel, Trace
+from .base import Training
+
+
+class EventLoop:
+    """M workers against a virtual clock: a min-heap of (finish time, sequence, worker).
+
+    Popping worker m runs its computation (which depends only on what it
+    pulled and on its own mini-batches, so computing at pop time equals
+    computing at pull time), pushes the message and schedules m again. Ties
+    break by the sequence number, so equal speeds give exact round robin.
+    Synchronous algorithms park each finished worker until the round closes.
+    """
+
+    def __init__(self, training: Training, delay: DelayModel, step_time: float, rng: random.Random):
+        self.training, self.delay, self.step_time, self.rng = training, delay, step_time, rng
+        self.server = training.server
+        self.algo = self.server.algorithm
+        self.workers = [training.worker_factory.build(m) for m in range(self.server.num_workers)]
+        self.heap: list[tuple[float, int, int]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.pulled = [None] * len(self.workers)
+        self.parked: list[int] = []   # synchronous algorithms: finished, waiting for the round
+
+    def start(self, m: int) -> None:
+        """Worker m pulls (if it pulls first) and starts computing now."""
+        if self.algo.pull_before_compute:
+            # into the worker's own buffer: no allocation per pull
+            self.pulled[m] = self.server.pull(m, out=self.pulled[m])
+        steps = self.algo.steps_per_message
+        finish = self.now + self.step_time * steps * self.delay.factor(m, self.rng)
+        heapq.heappush(self.heap, (finish, self.seq, m))
+        self.seq += 1
+
+    def begin(self) -> None:
+        for m in range(len(self.workers)):
+            self.start(m)
+
+    def state_dict(self) -> dict:
+        return {"kind": "events", "heap": list(self.heap), "seq": self.seq, "now": self.now,
+                "parked": list(self.parked), "pulled": list(self.pulled), "rng": self.rng.getstate(),
+                "workers": [w.state_dict() for w in self.workers]}
+
+    def load_state_dict(self, st: dict) -> None:
+        if st.get("kind") != "events":
+            raise ValueError("the checkpoint was made by a trace replay, not by the event loop")
+        self.heap = [(float(t), int(q), int(m)) for t, q, m in st["heap"]]
+        self.seq, self.now = int(st["seq"]), float(st["now"])
+        self.parked, self.pulled = list(st["parked"]), list(st["pulled"])
+        self.rng.setstate(as_tuple(st["rng"]))
+        load_workers(self.workers, st["workers"])
+
+    def run(self) -> None:
+        training, server, algo = self.training, self.server, self.algo
+        while not training.done:
+            self.now, _, m = heapq.heappop(self.heap)
+            worker = self.workers[m]
+            lr = training.lr
+            loss, computed = worker.compute(self.pulled[m], lr)
+            if not algo.pull_before_compute:
+                self.pulled[m] = server.pull(m, out=self.pulled[m])
+            server.push(m, worker.message(self.pulled[m], computed), lr)
+            training.after_push(worker.samples_per_message, loss, self.now)
+            self.continue_after_push(m)
+        training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
+
+    def continue_after_push(self, m: int) -> None:
+        """Worker m starts again, or, in a synchronous round, waits for it to close."""
+        if not self.algo.synchronous:
+            self.start(m)
+        else:
+            self.parked.append(m)
+            if not self.server.round_open:   # the round closed: everyone starts again
+                for p in self.parked:
+                    self.start(p)
+                self.parked.clear()
+        if self.training.checkpoint_due():
+            self.training.save_checkpoint(self.state_dict())
+
+
+class Replay:
+    """Replay a recorded push order; with recorded pull versions, exactly.
+
+    Each worker pulls when the server reaches the version it pulled in the
+    recording, so every push sees the recorded tau. Past the end of the
+    trace, the order repeats and workers pull right after their own push.
+    """
+
+    def __init__(self, training: Training, trace: Trace, step_time: float):
+        self.training, self.trace, self.step_time = training, trace, step_time
+        self.server = training.server
+        self.algo = self.server.algorithm
+        M = self.server.num_workers
+        self.workers = [training.worker_factory.build(m) for m in range(M)]
+        # Each worker's recorded pull versions, in the order of its pushes.
+        self.wants: list[list[int]] = [[] for _ in range(M)]
+        if trace.pulled is not None:
+            for w, v in zip(trace.workers, trace.pulled):
+                self.wants[w].append(v)
+        self.pending = [0] * M          # index into wants[m] of the next pull
+        self.pulled = [None] * M
+        self.has_pulled = [False] * M
+        self.i = 0                      # next trace entry
+
+    def begin(self) -> None:
+        for m in range(len(self.workers)):
+            if not self.wants[m] or self.wants[m][0] == 0:
+                self.pull(m)
+
+    def pull(self, m: int) -> None:
+        self.pulled[m] = self.server.pull(m, out=self.pulled[m])
+        self.has_pulled[m] = True
+
+    def state_dict(self) -> dict:
+        return {"kind": "replay", "i": self.i, "pending": list(self.pending), "has_pulled": list(self.has_pulled),
+                "pulled": list(self.pulled), "workers": [w.state_dict() for w in self.workers]}
+
+    def load_state_dict(self, st: dict) -> None:
+        if st.get("kind") != "replay":
+            raise ValueError("the checkpoint was made by the event loop, not by a trace replay")
+        self.i, self.pending = int(st["i"]), [int(p) for p in st["pending"]]
+        self.has_pulled, self.pulled = [bool(h) for h in st["has_pulled"]], list(st["pulled"])
+        load_workers(self.workers, st["workers"])
+
+    def run(self) -> None:
+        training, server, trace = self.training, self.server, self.trace
+        n, M = len(trace.workers), len(self.workers)
+        wants, pending, has_pulled, pulled = self.wants, self.pending, self.has_pulled, self.pulled
+        per_event = self.step_time / max(1, M)
+        while not training.done:
+            i = self.i
+            exhausted = i >= n
+            if i == n:
+                training.note(f"trace {trace.path} ended after {n} pushes; its order was repeated "
+                              "with pulls right after each push")
+            m = trace.workers[i % n]
+            worker = self.workers[m]
+            lr = training.lr
+            if self.algo.pull_before_compute:
+                if not has_pulled[m]:    # recorded pull version never reached (e.g. a skipped update)
+                    self.pull(m)
+                loss, computed = worker.compute(pulled[m], lr)
+            else:                        # elastic averaging pulls the centre after its local steps
+                loss, computed = worker.compute(None, lr)
+                self.pull(m)
+            server.push(m, worker.message(pulled[m], computed), lr)
+            has_pulled[m] = False
+            pending[m] += 1
+            if trace.wall_s is not None and not exhausted:
+                now = trace.wall_s[i]
+            else:
+                now = (i + 1) * per_event * self.algo.steps_per_message
+            training.after_push(worker.samples_per_message, loss, now)
+            self.i = i + 1
+            if exhausted or pending[m] >= len(wants[m]):
+                self.pull(m)
+            # Workers whose recorded pull version has been reached pull now.
+            for k in range(M):
+                if not has_pulled[k] and pending[k] < len(wants[k]) and wants[k][pending[k]] <= server.version:
+                    self.pull(k)
+            if training.checkpoint_due():
+                training.save_checkpoint(self.state_dict())
+        training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
+
+
+def load_workers(workers: list, states: list[dict]) -> None:
+    if len(states) != len(workers):
+        raise ValueError(f"the checkpoint holds {len(states)} workers, this run has {len(workers)}")
+    for worker, st in zip(workers, states):
+        worker.load_state_dict(st)
+
+
+def as_tuple(x):
+    """random.Random states come back from a checkpoint as lists."""
+    return tuple(as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
