@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ConfigError
+
 
 DELAY_MODELS = ("uniform", "gamma:SHAPE", "exponential", "heterogeneous:sqrt|linear", "straggler:K", "trace:FILE")
 
@@ -109,38 +111,52 @@ class Trace(DelayModel):
         return {w: (g / scale if scale > 0 else 1.0) for w, g in means.items()}
 
 
+def _bad(spec: str, problem: str) -> ConfigError:
+    return ConfigError("delay", f"{spec!r}: {problem}")
+
+
 def read_trace(path: str | Path) -> Trace:
     path = Path(path)
+    spec = f"trace:{path}"
     try:
         text = path.read_text()
     except OSError as e:
-        raise ValueError(f"--delay trace:{path}: cannot read the trace ({e.strerror}); record one with "
+        raise _bad(spec, f"cannot read the trace ({e.strerror}); record one with "
                          "'stalegrad train --runtime local --record-trace FILE'") from None
+    except UnicodeDecodeError:
+        raise _bad(spec, "not a text file; a trace is a CSV written by --record-trace") from None
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
-        raise ValueError(f"--delay trace:{path}: the trace is empty")
+        raise _bad(spec, "the trace is empty")
     try:
         if lines[0].strip().lstrip("-").isdigit():
-            return Trace(path=path, workers=[int(ln) for ln in lines], spec=f"trace:{path}")
+            return Trace(path=path, workers=[int(ln) for ln in lines], spec=spec)
         rows = list(csv.DictReader(lines))
-        if not rows or "worker" not in rows[0]:
-            raise ValueError("no 'worker' column")
+        header = next(csv.reader(lines[:1]))
+        if "worker" not in header:
+            raise ValueError(f"its header {','.join(header)!r} has no 'worker' column")
+        if not rows:
+            raise _bad(spec, "the trace has a header but no pushes; record a run with --record-trace")
         workers = [int(r["worker"]) for r in rows]
-        pulled = [int(r["pulled"]) for r in rows] if "pulled" in rows[0] else None
-        wall = [float(r["wall_s"]) for r in rows] if "wall_s" in rows[0] else None
-    except (ValueError, TypeError, KeyError) as e:
-        raise ValueError(f"--delay trace:{path}: malformed trace ({e}); expected a CSV with columns "
+        pulled = [int(r["pulled"]) for r in rows] if "pulled" in header else None
+        wall = [float(r["wall_s"]) for r in rows] if "wall_s" in header else None
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, KeyError, csv.Error) as e:
+        raise _bad(spec, f"malformed trace ({e}); expected a CSV with columns "
                          "worker[,pulled,applied,wall_s] or one worker id per line") from None
     if any(w < 0 for w in workers):
-        raise ValueError(f"--delay trace:{path}: negative worker id")
-    return Trace(path=path, workers=workers, pulled=pulled, wall_s=wall, spec=f"trace:{path}")
+        raise _bad(spec, "negative worker id")
+    if wall is not None and not all(math.isfinite(t) for t in wall):
+        raise _bad(spec, "a wall_s value is not a finite number")
+    return Trace(path=path, workers=workers, pulled=pulled, wall_s=wall, spec=spec)
 
 
 def parse_delay(spec: str, num_workers: int) -> DelayModel:
-    """Parse ``--delay``; ValueError with a one-line message on bad input."""
+    """Parse a delay spec; ConfigError naming ``delay`` on bad input."""
+    if not isinstance(spec, str):
+        raise ConfigError("delay", f"must be a delay model's name, e.g. gamma:2, got {spec!r}")
     name, _, arg = spec.partition(":")
-    bad = (f"--delay {spec!r} is not a delay model; use one of uniform, gamma:SHAPE, exponential, "
-           "heterogeneous:sqrt|linear, straggler:K, trace:FILE")
     if name == "uniform" and not arg:
         return Uniform()
     if name == "exponential" and not arg:
@@ -150,20 +166,21 @@ def parse_delay(spec: str, num_workers: int) -> DelayModel:
         return Gamma(shape=shape, spec=spec)
     if name == "heterogeneous":
         if arg not in ("sqrt", "linear"):
-            raise ValueError(f"--delay {spec!r}: heterogeneous takes sqrt or linear, e.g. heterogeneous:sqrt")
+            raise _bad(spec, "heterogeneous takes sqrt or linear, e.g. heterogeneous:sqrt")
         return Heterogeneous(kind=arg, spec=spec)
     if name == "straggler":
         k = _positive_float(arg, spec, "K")
         return Straggler(slowdown=k, num_workers=num_workers, spec=spec)
     if name == "trace":
         if not arg:
-            raise ValueError("--delay trace needs a file: trace:FILE")
+            raise _bad(spec, "a trace needs a file: trace:FILE")
         trace = read_trace(arg)
         if max(trace.workers) >= num_workers:
-            raise ValueError(f"--delay {spec}: the trace names worker {max(trace.workers)} but the run has "
-                             f"{num_workers} workers; pass --workers {max(trace.workers) + 1}")
+            raise _bad(spec, f"the trace names worker {max(trace.workers)} but the run has {num_workers} "
+                             f"workers; run {max(trace.workers) + 1} workers")
         return trace
-    raise ValueError(bad)
+    raise ConfigError("delay", f"{spec!r} is not a delay model; use one of uniform, gamma:SHAPE, exponential, "
+                     "heterogeneous:sqrt|linear, straggler:K, trace:FILE")
 
 
 def _positive_float(arg: str, spec: str, what: str) -> float:
@@ -172,6 +189,5 @@ def _positive_float(arg: str, spec: str, what: str) -> float:
     except ValueError:
         v = float("nan")
     if not (v > 0 and math.isfinite(v)):
-        raise ValueError(f"--delay {spec!r}: {what} must be a positive number, e.g. {spec.split(':')[0]}:2")
+        raise _bad(spec, f"{what} must be a positive finite number, e.g. {spec.split(':')[0]}:2")
     return v
-

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import UsageError
 from .results import read_run
 
 X_AXES = ("virtual_s", "wall_s", "epoch", "updates", "samples")
 Y_AXES = ("test_acc", "test_loss", "train_loss", "tau_mean", "lr")
 
 
-class PlotError(ValueError):
-    pass
+class PlotError(UsageError):
+    """Runs that cannot be plotted (one-line message)."""
 
 
 def _label(run: dict) -> str:

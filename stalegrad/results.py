@@ -19,11 +19,13 @@ from pathlib import Path
 
 import torch
 
+from .errors import UsageError
+
 RUN_FILES = ("config.json", "metrics.jsonl", "staleness.json", "summary.json", "model.pt")
 
 
-class OutputError(ValueError):
-    pass
+class OutputError(UsageError):
+    """A run directory or output path that cannot be used (one-line message)."""
 
 
 @contextmanager

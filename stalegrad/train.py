@@ -275,6 +275,8 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
     if config.checkpoint_every and checkpoint_path is None:
         raise ConfigError("checkpoint_path", "is needed by checkpoint_every: the file to write checkpoints to")
     runtime = make_runtime(runtime if runtime is not None else "sim")
+    if hasattr(runtime, "check"):   # optional part of the contract: runtime options against this run
+        runtime.check(config)
     torch.manual_seed(config.seed)
     num_classes = int(getattr(train_data, "num_classes", int(train_data.y.max()) + 1))
     module = _resolve_model(model, tuple(train_data.x.shape[1:]), num_classes)

@@ -113,9 +113,9 @@ BAD = [
     (["--delay", "warp"], "--delay"),
     (["--delay", "trace:/nonexistent/trace.csv"], "cannot read the trace"),
     (["--model", "cnn", "--dataset", "synthetic"], "needs image input"),
-    (["--batch-size", "5000"], "--batch-size 5000 is larger"),
+    (["--batch-size", "5000"], "--batch-size is 5000, larger than each worker's"),
     (["--device", "tpu"], "--device"),
-    (["--algo", "dcasgd-a", "--ms-momentum", "1.5"], "ms_momentum"),
+    (["--algo", "dcasgd-a", "--ms-momentum", "1.5"], "dcasgd-a: --ms-momentum must be in [0, 1)"),
 ]
 
 

@@ -101,3 +101,6 @@ class Runtime(Protocol):
 
     def run(self, training: Training, *, seed: int, resume: dict | None = None) -> None:
         """Drive ``training`` until ``training.done``; ``resume`` is the state last saved."""
+
+    # Optional: ``check(config)`` refuses options that do not fit the run (``ConfigError``),
+    # called by ``stalegrad.train`` with the validated ``RunConfig`` before anything runs.

@@ -31,6 +31,11 @@ class Simulator:
         if not isinstance(self.vectorised, bool):
             raise ConfigError("vectorised", f"must be True or False, got {self.vectorised!r}")
 
+    def check(self, config) -> None:
+        """Refuse a delay model that does not fit the run (before anything runs)."""
+        if isinstance(self.delay, str):
+            parse_delay(self.delay, config.workers)
+
     def describe(self) -> dict:
         spec = self.delay if isinstance(self.delay, str) else self.delay.spec
         return {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised}

@@ -1,0 +1,57 @@
+"""The ``stalegrad`` command line: train, compare, plot, algorithms, data fetch.
+
+Every user mistake ends in one line on stderr, ``stalegrad: error: ...``, and
+exit code 2, before anything is written; a run that fails ends the same way
+with exit code 1. The library raises ``StalegradError`` (with its exit code);
+``main`` catches it once, and spells a ``ConfigError``'s parameter as its flag.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import ConfigError, StalegradError
+from .options import flag_of
+from .run import compare, train
+from .tools import algorithms, data, plot
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="stalegrad")
+def cli():
+    """Asynchronous data-parallel training with staleness-aware optimizers (DC-ASGD, AGN, and baselines)."""
+
+
+for command in (train, compare, plot, algorithms, data):
+    cli.add_command(command)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) if text else ""
+
+
+def main(argv=None) -> int:
+    """Entry point: one-line errors, exit 2 for usage errors, 1 for a failed run, 130 when interrupted."""
+    try:
+        code = cli.main(args=argv, prog_name="stalegrad", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("stalegrad: interrupted", err=True)
+        return 130
+    except click.ClickException as e:
+        hint = ""
+        if isinstance(e, click.UsageError) and e.ctx is not None:
+            hint = f" (see '{e.ctx.command_path} --help')"
+        click.echo(f"stalegrad: error: {_one_line(e.format_message())}{hint}", err=True)
+        return e.exit_code
+    except ConfigError as e:   # the library's message, with the parameter spelled as its flag
+        click.echo(f"stalegrad: error: {_one_line(e.for_cli(lambda p: flag_of(train, p)))}", err=True)
+        return e.exit_code
+    except StalegradError as e:
+        click.echo(f"stalegrad: error: {_one_line(str(e)) or type(e).__name__}", err=True)
+        return e.exit_code
+    return code if isinstance(code, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The options of ``train`` and ``compare``, and how they become a ``RunConfig``.
+
+Options come from three places, in rising priority: defaults, ``--config
+FILE.toml``, flags. The flags only parse; every check lives in ``RunConfig``,
+the algorithms and the runtimes, whose ``ConfigError`` names the parameter in
+Python terms. ``flag_of`` gives the flag of a parameter, so that the CLI
+prints the library's message with the flag in it.
+"""
+from __future__ import annotations
+
+import sys
+import tomllib
+
+import click
+from click.core import ParameterSource
+
+from ..algorithms import ALGORITHMS, make_algorithm, renamed
+from ..config import ON_NONFINITE, PARTITIONS, RunConfig
+from ..data import DATASETS
+from ..delays import DELAY_MODELS
+from ..errors import ConfigError, UsageError
+from ..models import MODELS
+
+RUNTIMES = ("sim", "local")
+# Run options that are not RunConfig fields: where the data and the model come from, and the CLI's own.
+CLI_ONLY = ("dataset", "model", "hidden", "data_dir", "config_file", "overwrite", "quiet")
+
+
+def _algorithm_flags() -> dict[str, tuple]:
+    """Every algorithm hyper-parameter as (flag, type, help), merged by name."""
+    flags: dict[str, tuple] = {}
+    for cls in ALGORITHMS.values():
+        for f in cls.hyperparameters():
+            if f.name not in flags:
+                choices = f.metadata.get("choices")
+                ftype = click.Choice(choices) if choices else {int: int, float: float}.get(type(f.default), str)
+                flags[f.name] = (f.metadata["flag"], ftype, f.metadata["help"])
+    return flags
+
+
+ALGO_FLAGS = _algorithm_flags()
+
+
+def flag_of(command: click.Command, param: str) -> str | None:
+    """The flag of ``command`` for a parameter name (``lr`` -> ``--lr``, ``algorithm`` -> ``--algo``);
+    None for a parameter that is no flag (a Python-only argument)."""
+    if param in ALGO_FLAGS:
+        return ALGO_FLAGS[param][0]
+    if param == "algorithm":
+        return "--algo"
+    for p in command.params:
+        if p.name == param and p.opts:
+            return max(p.opts, key=len)
+    return None
+
+
+def _csv_floats(ctx, param, value):
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    try:
+        return tuple(float(v) for v in items if not isinstance(v, str) or v.strip())
+    except (TypeError, ValueError):
+        raise click.BadParameter(f"expected comma-separated numbers like 80,120, got {value!r}") from None
+
+
+def _csv_ints(ctx, param, value):
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    try:
+        sizes = tuple(int(v) for v in items if not isinstance(v, str) or v.strip())
+    except (TypeError, ValueError):
+        raise click.BadParameter(f"expected comma-separated sizes like 256,128, got {value!r}") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise click.BadParameter(f"hidden sizes must be positive integers, got {value!r}")
+    return sizes
+
+
+def run_options(f):
+    """Options shared by ``train`` and ``compare`` (algorithm flags included)."""
+    opts = [
+        click.option("--workers", "-M", type=int, default=None, help="number of workers M  [default: 4; 1 for sgd]"),
+        click.option("--dataset", type=click.Choice(DATASETS), default="digits", show_default=True),
+        click.option("--model", type=click.Choice(MODELS), default="mlp", show_default=True),
+        click.option("--hidden", callback=_csv_ints, default=None, help="mlp hidden sizes, e.g. 256,128"),
+        click.option("--epochs", type=float, default=1.0, show_default=True),
+        click.option("--batch-size", type=int, default=128, show_default=True),
+        click.option("--lr", type=float, default=None,
+                     help="learning rate (server SGD, or the local optimizer)  [default: 0.1; 0.001 with local adam]"),
+        click.option("--lr-milestones", callback=_csv_floats, default=None,
+                     help="step decay: epochs at which lr is multiplied by --lr-gamma, e.g. 80,120"),
+        click.option("--lr-gamma", type=float, default=0.1, show_default=True),
+        click.option("--delay", default="uniform", show_default=True,
+                     help="simulator delay model: " + ", ".join(DELAY_MODELS)),
+        click.option("--step-time", type=float, default=1.0, show_default=True,
+                     help="virtual seconds of one local step of a speed-1 worker"),
+        click.option("--vectorised", is_flag=True,
+                     help="--runtime sim: compute the gradients of waiting workers in one batched call "
+                          "(gradient algorithms; see docs/performance.md)"),
+        click.option("--runtime", type=click.Choice(RUNTIMES), default="sim", show_default=True,
+                     help="sim: deterministic simulator; local: real worker processes on this machine"),
+        click.option("--threads-per-worker", type=int, default=None,
+                     help="--runtime local: torch threads of each worker process  [default: max(1, cores // M)]"),
+        click.option("--record-trace", type=click.Path(dir_okay=False), default=None,
+                     help="--runtime local: write the real order of pushes to this CSV "
+                          "(replay it with --runtime sim --delay trace:FILE)"),
+        click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N"),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+                     help="where the data set lies (else $STALEGRAD_DATA, the cache, /usr/share/datasets)"),
+        click.option("--partition", type=click.Choice(PARTITIONS), default="shard", show_default=True,
+                     help="shard: disjoint shard per worker; iid: every worker samples the whole set"),
+        click.option("--eval-every", type=float, default=1.0, show_default=True,
+                     help="evaluate the server's model every this many epochs"),
+        click.option("--on-nonfinite", type=click.Choice(ON_NONFINITE), default="skip", show_default=True,
+                     help="a NaN/Inf gradient or commit: skip it (and count it) or stop the run"),
+        click.option("--checkpoint-every", type=int, default=0, show_default=True,
+                     help="save the complete state to --out/checkpoint.pt every N server updates (0: never)"),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+                     help="TOML file of options (keys as flag names); flags win"),
+        click.option("--overwrite", is_flag=True, help="replace a run already in --out"),
+        click.option("--quiet", "-q", is_flag=True, help="no progress output"),
+    ]
+    for name, (flag, ftype, help_) in ALGO_FLAGS.items():
+        owners = [n for n, c in ALGORITHMS.items() if name in {x.name for x in c.hyperparameters()}]
+        opts.append(click.option(flag, name, type=ftype, default=None,
+                                 help=f"{help_}  [{', '.join(owners)}; see 'stalegrad algorithms']"))
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def apply_config_file(ctx: click.Context, params: dict) -> dict:
+    """Fill every option not given on the command line from --config."""
+    path = params.pop("config_file", None)
+    if not path:
+        return params
+    try:
+        with open(path, "rb") as fh:
+            table = tomllib.load(fh)
+    except OSError as e:
+        raise UsageError(f"--config {path}: cannot read it ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"--config {path}: not valid TOML ({e})") from None
+    if isinstance(table.get("train"), dict):   # either flat keys or a [train] table
+        table = table["train"]
+    by_name = {p.name: p for p in ctx.command.params}
+    flag_names = {opt.lstrip("-"): p.name for p in ctx.command.params for opt in p.opts}
+    for key, value in table.items():
+        name = flag_names.get(key.replace("_", "-"), key.replace("-", "_"))
+        if name not in by_name or name in ("config_file", "overwrite", "quiet", "out", "resume"):
+            raise UsageError(f"--config {path}: unknown key {key!r}; keys are the flag names, e.g. algo, workers, lam0")
+        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            continue
+        param = by_name[name]
+        listy = param.callback is not None   # --hidden and --lr-milestones take lists
+        if isinstance(value, dict) or (isinstance(value, list) and not listy):
+            raise UsageError(f"--config {path}: {key} must be a single value, not {value!r}")
+        try:
+            value = param.callback(ctx, param, value) if listy else param.type_cast_value(ctx, value)
+        except click.BadParameter as e:
+            raise UsageError(f"--config {path}: {key}: {e.message}") from None
+        params[name] = value
+    return params
+
+
+def build_algorithm(name: str, params: dict):
+    """The algorithm ``name`` with the hyper-parameters given as flags; removes them from ``params``."""
+    given = {k: params.pop(k) for k in list(ALGO_FLAGS) if params.get(k) is not None}
+    for k in list(ALGO_FLAGS):
+        params.pop(k, None)
+    cls = ALGORITHMS[name]
+    own = {f.name for f in cls.hyperparameters()}
+    for key in list(given):
+        new = renamed(cls, key)
+        if new is not None and new not in given:
+            print(f"stalegrad: warning: {ALGO_FLAGS[key][0]} for {name} is now {ALGO_FLAGS[new][0]}; "
+                  "the old spelling goes in the next release", file=sys.stderr)
+            given[new] = given.pop(key)
+        elif key not in own:
+            takers = [n for n, c in ALGORITHMS.items() if key in {x.name for x in c.hyperparameters()}]
+            raise UsageError(f"{ALGO_FLAGS[key][0]} does not apply to {name}; it is a parameter of {', '.join(takers)}")
+    return make_algorithm(name, **given)
+
+
+def build_config(algo_name: str, params: dict) -> RunConfig:
+    """The validated RunConfig of one run from the parsed options (``params`` is not changed)."""
+    p = dict(params)
+    algorithm = build_algorithm(algo_name, p)
+    if p["hidden"] is not None and p["model"] != "mlp":
+        raise ConfigError("hidden", f"applies to model mlp only, not {p['model']}")
+    extra = {"dataset": p["dataset"], "model": p["model"], "hidden": list(p["hidden"]) if p["hidden"] else None,
+             "data_dir": p["data_dir"]}
+    return RunConfig(algorithm=algorithm, workers=p["workers"], epochs=p["epochs"], batch_size=p["batch_size"],
+                     lr=p["lr"], lr_milestones=p["lr_milestones"] or (), lr_gamma=p["lr_gamma"],
+                     eval_every=p["eval_every"], partition=p["partition"], seed=p["seed"], device=p["device"],
+                     on_nonfinite=p["on_nonfinite"], checkpoint_every=p["checkpoint_every"], extra=extra).validate()
+
+
+def build_runtime(p: dict):
+    """The runtime that --runtime names, with its options (flags of the other runtime are refused)."""
+    from ..runtimes import LocalRuntime, Simulator
+    if p["runtime"] == "local":
+        for name, default in (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False)):
+            if p.get(name) != default:
+                raise ConfigError(name, "applies to runtime sim; runtime local measures real delays (record them "
+                                        "with --record-trace FILE, replay them with --runtime sim --delay trace:FILE)")
+        return LocalRuntime(threads_per_worker=p.get("threads_per_worker"), record_trace=p.get("record_trace"))
+    if p.get("record_trace") is not None:
+        raise ConfigError("record_trace", "records a real run: use it with runtime local "
+                                          "(runtime sim replays a recorded trace with --delay trace:FILE)")
+    if p.get("threads_per_worker") is not None:
+        raise ConfigError("threads_per_worker", "applies to runtime local only")
+    return Simulator(delay=p["delay"], step_time=p["step_time"], vectorised=bool(p.get("vectorised")))

@@ -1,0 +1,185 @@
+"""``stalegrad train`` and ``stalegrad compare``: runs into run directories."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from ..algorithms import ALGORITHMS
+from ..errors import UsageError
+from .options import ALGO_FLAGS, apply_config_file, build_config, build_runtime, run_options
+
+
+def load_data(params: dict):
+    from ..data import load_pair
+    return load_pair(params["dataset"], params["data_dir"], seed=params["seed"])
+
+
+def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool, resume: bool = False):
+    """One run into ``out`` (or its continuation from ``out``'s checkpoint); returns the TrainResult.
+
+    Everything is checked (options, runtime, model against the data) before the run directory is touched.
+    """
+    import torch
+
+    from ..checkpoint import CHECKPOINT_FILE
+    from ..models import build_model
+    from ..results import RunWriter
+    from ..train import train
+
+    config = build_config(algo_name, params)
+    runtime = build_runtime(params)
+    runtime.check(config)
+    config.check_data(train_set, test_set)
+    shape, classes = tuple(train_set.x.shape[1:]), train_set.num_classes
+    torch.manual_seed(config.seed)
+    module = build_model(params["model"], shape, classes, hidden=params["hidden"])
+    writer = RunWriter(out, overwrite=params["overwrite"], resume=resume)
+    checkpoint_path = out / CHECKPOINT_FILE
+    model_spec = {"name": params["model"], "input_shape": list(shape), "num_classes": classes,
+                  "hidden": list(params["hidden"]) if params["hidden"] else None}
+    result = train(module, train_set, test_set, runtime=runtime, config=config, progress=progress,
+                   on_start=writer.start, on_eval=writer.metric, checkpoint_path=checkpoint_path,
+                   resume=checkpoint_path if resume else None)
+    writer.finish(result, model_spec)
+    return result
+
+
+def summary_line(name: str, res, out: Path) -> str:
+    s = res.summary
+    return (f"{name} x{s['workers']}: test acc {s['final_test_acc']:.4f} (best {s['best_test_acc']:.4f}), "
+            f"tau mean {s['tau_mean']:.2f} max {s['tau_max']}, {s['updates']} updates, "
+            f"{s['virtual_s']:.1f} virtual s, {s['wall_s']:.1f} s wall -> {out}")
+
+
+@click.command()
+@click.option("--algo", type=click.Choice(list(ALGORITHMS)), default="asgd", show_default=True)
+@run_options
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="run directory for the results  [required]")
+@click.option("--resume", type=click.Path(file_okay=False), default=None,
+              help="continue the run in DIR from its last checkpoint; DIR/config.json gives every other option "
+                   "(only --epochs, to extend it, --data-dir and --quiet may be given)")
+@click.pass_context
+def train(ctx, algo, out, resume, **params):
+    """Train one model with one algorithm and write the run to --out."""
+    params["algo"] = algo
+    if resume is not None:
+        params = resume_params(ctx, Path(resume), params)
+        out = resume
+    else:
+        params = apply_config_file(ctx, params)
+        if out is None:
+            raise UsageError("--out DIR is required: the directory for the run's results (or --resume DIR)")
+    out = Path(out)
+    algo = params.pop("algo")
+    train_set, test_set = load_data(params)
+    res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"], resume=resume is not None)
+    click.echo(summary_line(algo, res, out))
+
+
+_RESUME_MAY_CHANGE = {"epochs", "data_dir", "quiet", "resume", "algo"}
+
+
+def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
+    """The options of the run in ``run_dir``, from its config.json."""
+    given = [p for p in ctx.command.params if ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE
+             and p.name not in _RESUME_MAY_CHANGE]
+    if given:
+        raise UsageError(f"--resume takes its options from {run_dir}/config.json; drop {max(given[0].opts, key=len)} "
+                         "(only --epochs, --data-dir and --quiet may be given)")
+    if ctx.get_parameter_source("algo") == ParameterSource.COMMANDLINE:
+        raise UsageError(f"--resume takes its options from {run_dir}/config.json; drop --algo")
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+        algorithm = dict(cfg["algorithm"])
+        runtime = dict(cfg["runtime"])
+    except FileNotFoundError:
+        raise UsageError(f"--resume {run_dir}: not a stalegrad run directory (no config.json)") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"--resume {run_dir}: config.json is damaged ({e})") from None
+    resumed = dict(params)
+    for k in ALGO_FLAGS:
+        resumed[k] = None
+    resumed["algo"] = algorithm.pop("name", None)
+    if resumed["algo"] not in ALGORITHMS:
+        raise UsageError(f"--resume {run_dir}: config.json is damaged (algorithm {resumed['algo']!r})")
+    resumed.update(algorithm)
+    resumed["runtime"] = runtime.pop("name", "sim")
+    for key, value in list(runtime.items()) + list(cfg.items()):
+        if key in resumed and key not in ("algorithm", "runtime"):
+            if key in ("epochs", "data_dir") and ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE:
+                continue
+            resumed[key] = tuple(value) if isinstance(value, list) else value
+    resumed["overwrite"] = False
+    return resumed
+
+
+@click.command()
+@click.option("--algos", default="sgd,asgd,dcasgd-a,agn", show_default=True,
+              help="comma-separated algorithms to run one after the other")
+@run_options
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="directory; one run per algorithm inside")
+@click.pass_context
+def compare(ctx, algos, out, **params):
+    """Run several algorithms on the same data and settings; print a table.
+
+    sgd runs sequentially (one worker); the others with --workers. The table's
+    TE column is the AGN paper's temporal efficiency of test accuracy over
+    virtual time against the first algorithm (E > 1: better sooner).
+    """
+    from ..metrics import temporal_efficiency
+    from ..results import write_json
+
+    params = apply_config_file(ctx, params)
+    names = [a.strip() for a in algos.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ALGORITHMS]
+    if unknown or not names:
+        raise UsageError(f"--algos: unknown algorithm {unknown[0] if unknown else '(none)'!r}; "
+                         f"choose from {', '.join(ALGORITHMS)}")
+    if params.get("record_trace") is not None:
+        raise UsageError("--record-trace records one run: use it with 'stalegrad train'")
+    workers = params["workers"]
+    per_algo = []
+    for name in names:
+        p = dict(params)
+        p["workers"] = 1 if ALGORITHMS[name].sequential else workers
+        # Parameters of other algorithms in the comparison are not errors here.
+        own = {f.name for f in ALGORITHMS[name].hyperparameters()}
+        for k in ALGO_FLAGS:
+            if k not in own:
+                p[k] = None
+        build_config(name, p)      # every run's options checked before the first one starts
+        build_runtime(p)
+        per_algo.append((name, p))
+    train_set, test_set = load_data(params)
+    out = Path(out)
+    rows, curves = [], {}
+    for name, p in per_algo:
+        res = train_one(name, p, train_set, test_set, out / name, progress=not params["quiet"])
+        curves[name] = ([m["virtual_s"] for m in res.metrics], [m["test_acc"] for m in res.metrics])
+        rows.append({"algorithm": name, **{k: res.summary[k] for k in (
+            "workers", "final_test_acc", "best_test_acc", "final_test_loss", "tau_mean", "tau_max", "updates",
+            "virtual_s", "wall_s", "nonfinite_skipped")}})
+    base = names[0]
+    for row in rows:
+        row["temporal_efficiency"] = temporal_efficiency(curves[row["algorithm"]], curves[base])
+    write_json(out / "comparison.json", {"baseline": base, "rows": rows})
+    table = _table(rows, params, base)
+    (out / "comparison.md").write_text(table + "\n")
+    click.echo(table)
+
+
+def _table(rows: list[dict], params: dict, base: str) -> str:
+    head = (f"{params['dataset']} / {params['model']}, {params['epochs']:g} epochs, batch {params['batch_size']}, "
+            f"delay {params['delay']}, seed {params['seed']}")
+    cols = ["algorithm", "M", "test acc", "best acc", "test loss", "tau mean", "tau max", "updates",
+            "virtual s", "wall s", f"TE vs {base}"]
+    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        cells = [r["algorithm"], str(r["workers"]), f"{r['final_test_acc']:.4f}", f"{r['best_test_acc']:.4f}",
+                 f"{r['final_test_loss']:.4f}", f"{r['tau_mean']:.2f}", str(r["tau_max"]), str(r["updates"]),
+                 f"{r['virtual_s']:.0f}", f"{r['wall_s']:.1f}", f"{r['temporal_efficiency']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
