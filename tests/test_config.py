@@ -1,0 +1,129 @@
+"""One configuration, validated in one place; one error type with its exit code."""
+import io
+import json
+import math
+
+import pytest
+
+import stalegrad as sg
+from stalegrad.algorithms import make_algorithm
+from stalegrad.cli import main
+from stalegrad.config import MAX_SEED, RunConfig
+from stalegrad.errors import ConfigError, RunError, StalegradError, UsageError
+from stalegrad.progress import LineProgress, make_progress
+from stalegrad.server import NonFiniteError
+
+from helpers import blobs
+
+TRAIN, TEST = blobs(seed=0), blobs(n=64, seed=1)
+
+# (Python keywords, the same mistake as flags, the parameter's flag)
+MISTAKES = [
+    ({"lr": -1.0}, ["--lr", "-1"], "--lr"),
+    ({"lr": math.nan}, ["--lr", "nan"], "--lr"),
+    ({"lr": math.inf}, ["--lr", "inf"], "--lr"),
+    ({"epochs": math.inf}, ["--epochs", "inf"], "--epochs"),
+    ({"epochs": math.nan}, ["--epochs", "nan"], "--epochs"),
+    ({"eval_every": math.inf}, ["--eval-every", "inf"], "--eval-every"),
+    ({"lr_gamma": math.nan}, ["--lr-gamma", "nan"], "--lr-gamma"),
+    ({"lr_milestones": (2.0, 1.0)}, ["--lr-milestones", "2,1"], "--lr-milestones"),
+    ({"seed": 99999999999999999999999}, ["--seed", "99999999999999999999999"], "--seed"),
+    ({"workers": 0}, ["--workers", "0"], "--workers"),
+    ({"batch_size": 0}, ["--batch-size", "0"], "--batch-size"),
+    ({"checkpoint_every": -1}, ["--checkpoint-every", "-1"], "--checkpoint-every"),
+    ({"device": "tpu"}, ["--device", "tpu"], "--device"),
+]
+
+
+def api_error(kwargs) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        sg.train("logreg", TRAIN, TEST, **{"algorithm": "asgd", "workers": 2, "batch_size": 8, **kwargs})
+    return info.value
+
+
+@pytest.mark.parametrize("kwargs,flags,flag", MISTAKES)
+def test_api_and_cli_refuse_the_same_mistake_with_the_same_message(tmp_path, capsys, kwargs, flags, flag):
+    err = api_error(kwargs)
+    name = next(iter(kwargs))
+    assert str(err).startswith(f"{name} ")            # Python terms for a Python user
+    code = main(["train", "--dataset", "synthetic", "--model", "logreg", "--workers", "2", "--batch-size", "8",
+                 *flags, "--quiet", "--out", str(tmp_path / "r")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1
+    assert lines[0] == f"stalegrad: error: {flag} {err.problem}"   # the same words, the flag's name
+    assert not (tmp_path / "r").exists()
+
+
+def test_algorithm_parameters_are_named_with_their_algorithm():
+    err = api_error({"algorithm": make_algorithm.__globals__["ALGORITHMS"]["dcasgd-a"](lam0=-1.0)})
+    assert str(err) == "dcasgd-a: lam0 must be a finite number >= 0, got -1.0"
+    assert err.for_cli(lambda p: "--lam0") == "dcasgd-a: --lam0 must be a finite number >= 0, got -1.0"
+    for bad in ({"lam": math.inf}, {"lam": math.nan}):
+        with pytest.raises(ConfigError, match="lam must be a finite number"):
+            make_algorithm("dcasgd-c", **bad)
+    with pytest.raises(ConfigError, match="window must be a positive integer"):
+        make_algorithm("agn", window=2.5)
+
+
+def test_config_object_and_keywords_are_the_same_run():
+    a = sg.train("logreg", TRAIN, TEST, "asgd", 2, epochs=0.5, batch_size=8, seed=3, lr=0.05)
+    b = sg.train("logreg", TRAIN, TEST, config=RunConfig(algorithm="asgd", workers=2, epochs=0.5, batch_size=8,
+                                                         seed=3, lr=0.05))
+    assert a.summary["weights_sha256"] == b.summary["weights_sha256"]
+    with pytest.raises(ConfigError, match="epochs is given twice"):
+        sg.train("logreg", TRAIN, TEST, config=RunConfig(), epochs=2)
+    with pytest.raises(ConfigError, match="epoch is not an option of a run; the options are algorithm, workers"):
+        sg.train("logreg", TRAIN, TEST, epoch=2)
+
+
+def test_validate_resolves_the_defaults():
+    c = RunConfig(algorithm="sgd").validate()
+    assert c.workers == 1 and c.lr == 0.1 and c.algorithm.name == "sgd"
+    c = RunConfig(algorithm="agn", lr_milestones=[1, 2]).validate()
+    assert c.workers == 4 and c.lr == 0.001 and c.lr_milestones == (1.0, 2.0)
+    assert RunConfig(seed=MAX_SEED).validate().seed == MAX_SEED
+    with pytest.raises(ConfigError, match="workers must be 1 for sgd"):
+        RunConfig(algorithm="sgd", workers=4).validate()
+
+
+def test_test_set_of_another_shape_is_refused_before_anything_runs():
+    small = blobs(n=32, d=4, seed=2)
+    with pytest.raises(ConfigError, match=r"test_data holds samples of shape \(4,\) but the training set's are \(8,\)"):
+        sg.train("logreg", TRAIN, small, "asgd", 2, batch_size=8)
+
+
+def test_one_error_family_with_exit_codes():
+    assert issubclass(ConfigError, UsageError) and issubclass(UsageError, StalegradError)
+    assert issubclass(UsageError, ValueError) and UsageError.exit_code == 2
+    assert issubclass(NonFiniteError, RunError) and RunError.exit_code == 1
+    from stalegrad.checkpoint import CheckpointError
+    from stalegrad.data import DataError
+    from stalegrad.models import ModelError
+    from stalegrad.results import OutputError
+    from stalegrad.runtimes.local import WorkerError
+    for cls in (CheckpointError, DataError, ModelError, OutputError):
+        assert issubclass(cls, UsageError), cls
+    assert issubclass(WorkerError, RunError)
+
+
+def test_local_weight_decay_and_its_old_spelling(tmp_path, capsys):
+    with pytest.warns(DeprecationWarning, match="weight_decay is now called local_weight_decay"):
+        algo = make_algorithm("agn", weight_decay=0.01)
+    assert algo.local_weight_decay == 0.01
+    code = main(["train", "--algo", "agn", "--window", "2", "--weight-decay", "0.01", "--dataset", "synthetic",
+                 "--model", "logreg", "--epochs", "0.2", "--quiet", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 0 and "--weight-decay for agn is now --local-weight-decay" in err
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["algorithm"]["local_weight_decay"] == 0.01 and "weight_decay" not in config["algorithm"]
+    code = main(["train", "--algo", "asgd", "--local-weight-decay", "0.01", "--quiet", "--out", str(tmp_path / "s")])
+    assert code == 2 and "--local-weight-decay does not apply to asgd" in capsys.readouterr().err
+
+
+def test_progress_is_one_line_per_evaluation_when_not_on_a_terminal(capsys):
+    assert isinstance(make_progress(1000, "x", io.StringIO()), LineProgress)
+    run = sg.train("logreg", TRAIN, TEST, "asgd", 2, batch_size=8, epochs=2, eval_every=0.5, progress=True)
+    err = capsys.readouterr().err     # pytest's captured stderr is not a terminal, as in CI or a log file
+    lines = err.splitlines()
+    assert "\r" not in err and len(lines) == len(run.metrics)
+    assert lines[-1].startswith("asgd x2: epoch 2.00") and "test acc" in lines[-1]

@@ -1,0 +1,140 @@
+"""The runtime contract (stalegrad/runtimes/base.py) is all a runtime needs.
+
+A third runtime, written here in a few dozen lines, trains every algorithm end
+to end through ``stalegrad.train`` and checkpoints and resumes; it sees the
+training run only through a view that refuses everything outside the
+contract. Because its schedule is exact round robin, it must give the same
+weights as the simulator with equal speeds.
+"""
+import pytest
+import torch
+
+import stalegrad as sg
+from stalegrad.algorithms import ALGORITHMS, make_algorithm
+from stalegrad.config import RunConfig
+from stalegrad.runtimes import Runtime, Simulator, Training
+from stalegrad.runtimes.base import Training as TrainingProtocol
+from stalegrad.train import TrainingRun
+
+from helpers import blobs
+
+TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
+CONTRACT = {"server", "worker_factory", "test_data", "lr", "done", "after_push", "checkpoint_due",
+            "checkpoint_every", "save_checkpoint", "evaluate", "note"}
+
+
+class ContractOnly:
+    """A training run seen through the contract: any other attribute is an error."""
+
+    def __init__(self, training):
+        object.__setattr__(self, "_training", training)
+
+    def __getattr__(self, name):
+        if name not in CONTRACT:
+            raise AssertionError(f"a runtime used {name!r}, which is not in the runtime contract")
+        return getattr(self._training, name)
+
+    def __setattr__(self, name, value):
+        raise AssertionError(f"a runtime wrote {name!r} into the training run")
+
+
+class RoundRobin:
+    """Workers take turns, one message each; a worker pulls again once its push is applied."""
+
+    def describe(self):
+        return {"name": "round-robin"}
+
+    def run(self, training, *, seed, resume=None):
+        training = ContractOnly(training)
+        server = training.server
+        algo = server.algorithm
+        workers = [training.worker_factory.build(m) for m in range(server.num_workers)]
+        turn = 0 if resume is None else resume["turn"]
+        for w, st in zip(workers, resume["workers"] if resume else []):
+            w.load_state_dict(st)
+        pulled = list(resume["pulled"]) if resume else [None] * len(workers)
+        if resume is None and algo.pull_before_compute:
+            pulled = [server.pull(m) for m in range(len(workers))]
+        while not training.done:
+            m = turn % len(workers)
+            worker, lr = workers[m], training.lr
+            loss, computed = worker.compute(pulled[m], lr)
+            if not algo.pull_before_compute:       # elastic averaging: the centre, after the local steps
+                pulled[m] = server.pull(m)
+            server.push(m, worker.message(pulled[m], computed), lr)
+            turn += 1
+            training.after_push(worker.samples_per_message, loss, float(turn))
+            if algo.pull_before_compute and not (algo.synchronous and server.round_open):
+                for k in (range(len(workers)) if algo.synchronous else [m]):
+                    pulled[k] = server.pull(k)
+            state = {"kind": "round-robin", "turn": turn, "pulled": pulled,
+                     "workers": [w.state_dict() for w in workers]}
+            if training.checkpoint_due():
+                training.save_checkpoint(state)
+        training.note("workers took turns", turns=turn)
+
+
+def window(name):
+    return {"window": 3} if "window" in {f.name for f in ALGORITHMS[name].hyperparameters()} else {}
+
+
+def train(runtime, name, **kw):
+    workers = 1 if ALGORITHMS[name].sequential else 3
+    return sg.train("mlp", TRAIN, TEST, make_algorithm(name, **window(name)), workers, runtime,
+                    epochs=1.5, batch_size=8, seed=4, **kw)
+
+
+def test_the_runtimes_satisfy_the_protocols():
+    assert isinstance(RoundRobin(), Runtime) and isinstance(Simulator(), Runtime)
+    assert Training is TrainingProtocol
+    run = TrainingRun(torch.nn.Linear(8, 3), TRAIN, TEST, RunConfig(workers=2, batch_size=8).validate())
+    assert isinstance(run, Training)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_a_third_runtime_needs_only_the_contract(name):
+    ours = train(RoundRobin(), name)
+    sim = train(Simulator(delay="uniform"), name)
+    per_update = 3 if ALGORITHMS[name].synchronous else 1   # a synchronous round is every worker's turn
+    assert 0 <= ours.summary["turns"] - ours.summary["updates"] * per_update < per_update
+    assert "workers took turns" in ours.summary["notes"]
+    assert ours.config["runtime"] == {"name": "round-robin"}
+    assert ours.summary["samples"] >= 1.5 * len(TRAIN.y)
+    # exact round robin is the simulator's schedule under equal speeds
+    assert ours.update_log() == sim.update_log()
+    assert ours.summary["weights_sha256"] == sim.summary["weights_sha256"]
+
+
+@pytest.mark.parametrize("name", ["dcasgd-a", "agn", "aeasgd", "ssgd"])
+def test_a_third_runtime_checkpoints_and_resumes_through_the_contract(tmp_path, name):
+    full = train(RoundRobin(), name)
+    path = tmp_path / "ck.pt"
+
+    class Stop(Exception):
+        pass
+
+    class StopAfterFirstCheckpoint(RoundRobin):
+        def run(self, training, *, seed, resume=None):
+            save = training.save_checkpoint
+
+            def save_then_stop(state):
+                save(state)
+                raise Stop
+            training.save_checkpoint = save_then_stop
+            super().run(training, seed=seed, resume=resume)
+
+    with pytest.raises(Stop):
+        train(StopAfterFirstCheckpoint(), name, checkpoint_every=5, checkpoint_path=path)
+    resumed = train(RoundRobin(), name, checkpoint_every=5, checkpoint_path=path, resume=path)
+    assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
+    assert resumed.update_log() == full.update_log()
+
+
+@pytest.mark.parametrize("delay,vectorised", [("gamma:2", False), ("uniform", True), ("straggler:3", False)])
+def test_the_simulator_uses_only_the_contract(delay, vectorised):
+    config = RunConfig(algorithm="dcasgd-a", workers=3, batch_size=8, epochs=1.0, seed=1).validate()
+    torch.manual_seed(1)
+    run = TrainingRun(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)),
+                      TRAIN, TEST, config)
+    Simulator(delay=delay, vectorised=vectorised).run(ContractOnly(run), seed=1)
+    assert run.done and run.server.version > 0
