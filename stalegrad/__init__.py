@@ -5,16 +5,38 @@
     result = sg.train("mlp", train, test, sg.DCASGDAdaptive(), workers=8,
                       runtime=sg.Simulator(delay="gamma:2"), epochs=5, lr=0.1)
     print(result.summary["final_test_acc"], result.staleness["tau_mean"])
+
+Names are imported on first use (PEP 562), so that ``import stalegrad`` and
+the command line's help do not pay for importing torch.
 """
-from .algorithms import (AEASGD, AGN, ALGORITHMS, ASGD, DCASGDAdaptive, DCASGDConstant, SGD, SSGD,
-                         Algorithm, Downpour, DynSGD, EASGD, make_algorithm)
-from .data import Dataset, load_dataset, load_pair  # noqa: E402
-from .runtimes import LocalRuntime, Simulator
-from .server import ParameterServer
-from .train import TrainResult, train
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["train", "TrainResult", "Simulator", "LocalRuntime", "ParameterServer", "load_dataset", "load_pair", "Dataset",
-           "ALGORITHMS", "make_algorithm", "Algorithm", "SGD", "SSGD", "ASGD", "DCASGDConstant",
-           "DCASGDAdaptive", "AGN", "Downpour", "DynSGD", "EASGD", "AEASGD"]
+_WHERE = {
+    "train": "training", "TrainResult": "training", "TrainingRun": "training",
+    "RunConfig": "config",
+    "StalegradError": "errors", "UsageError": "errors", "ConfigError": "errors", "RunError": "errors",
+    "Simulator": "runtimes", "LocalRuntime": "runtimes", "Runtime": "runtimes", "Training": "runtimes",
+    "ParameterServer": "server",
+    "load_dataset": "data", "load_pair": "data", "Dataset": "data",
+    **{name: "algorithms" for name in ("ALGORITHMS", "make_algorithm", "Algorithm", "SGD", "SSGD", "ASGD",
+                                       "DCASGDConstant", "DCASGDAdaptive", "AGN", "Downpour", "DynSGD",
+                                       "EASGD", "AEASGD")},
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'stalegrad' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value   # once imported, a plain attribute
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -14,7 +14,7 @@ from stalegrad.algorithms import ALGORITHMS, make_algorithm
 from stalegrad.config import RunConfig
 from stalegrad.runtimes import Runtime, Simulator, Training
 from stalegrad.runtimes.base import Training as TrainingProtocol
-from stalegrad.train import TrainingRun
+from stalegrad.training import TrainingRun
 
 from helpers import blobs
 

@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
-import torch
-from torch import Tensor
-
+from .._lazy import torch
 from ..errors import ConfigError, check_finite_positive
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # grad_fn(weights) -> (mini-batch loss, flat gradient). The gradient tensor may
 # be a view of a buffer that the next call overwrites: consume it first.
-GradFn = Callable[[Tensor], "tuple[float, Tensor]"]
+GradFn = Callable[["Tensor"], "tuple[float, Tensor]"]
 
 
 def elementwise(rule):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from .._lazy import torch
 
 from .base import GradientAlgorithm, check_fraction, check_nonnegative, check_positive, elementwise, param
 

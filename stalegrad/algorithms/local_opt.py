@@ -6,10 +6,13 @@ kept across pulls, as in dist-keras, where the Keras optimizer is never reset.
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from .._lazy import torch
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 

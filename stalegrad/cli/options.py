@@ -20,8 +20,7 @@ from ..data import DATASETS
 from ..delays import DELAY_MODELS
 from ..errors import ConfigError, UsageError
 from ..models import MODELS
-
-RUNTIMES = ("sim", "local")
+from ..runtimes import RUNTIMES
 # Run options that are not RunConfig fields: where the data and the model come from, and the CLI's own.
 CLI_ONLY = ("dataset", "model", "hidden", "data_dir", "config_file", "overwrite", "quiet")
 

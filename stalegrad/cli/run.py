@@ -27,7 +27,7 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
     from ..checkpoint import CHECKPOINT_FILE
     from ..models import build_model
     from ..results import RunWriter
-    from ..train import train
+    from ..training import train
 
     config = build_config(algo_name, params)
     runtime = build_runtime(params)

@@ -7,20 +7,30 @@ runs real worker processes on this machine.
 """
 from __future__ import annotations
 
+import importlib
+
 from ..errors import ConfigError
 from .base import Evaluator, Runtime, Training
-from .local import LocalRuntime
-from .sim import Simulator
 
 RUNTIMES = ("sim", "local")
+
+
+def __getattr__(name: str):
+    # The runtimes import torch: imported on first use (the CLI lists RUNTIMES without them).
+    modules = {"Simulator": ".sim", "LocalRuntime": ".local"}
+    if name not in modules:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(modules[name], __name__), name)
 
 
 def make_runtime(runtime) -> Runtime:
     """A runtime from its name (default options), or the given runtime object, checked."""
     if isinstance(runtime, str):
         if runtime == "sim":
+            from .sim import Simulator
             return Simulator()
         if runtime == "local":
+            from .local import LocalRuntime
             return LocalRuntime()
         raise ConfigError("runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if not isinstance(runtime, Runtime):

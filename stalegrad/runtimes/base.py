@@ -2,7 +2,7 @@
 
 A runtime decides *when* each worker pulls, computes and pushes, and *how*
 weights and messages travel. It owns its workers. It receives a ``Training``
-(in practice ``stalegrad.train.TrainingRun``) and drives it to its sample
+(in practice ``stalegrad.training.TrainingRun``) and drives it to its sample
 budget; the math lives in the algorithm, the state in the server and the
 workers, the accounting (epochs, evaluation, metrics, checkpoints' files)
 in the training run. A new runtime implements ``Runtime`` against
