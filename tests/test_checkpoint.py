@@ -8,7 +8,7 @@ from stalegrad.checkpoint import CheckpointError
 from stalegrad.runtimes import Simulator
 from stalegrad.server import ParameterServer
 
-from test_simulator import TEST, TRAIN, write_trace
+from helpers import TEST, TRAIN, write_trace
 
 
 class Interrupt(Exception):

@@ -253,3 +253,14 @@ def test_resume_refuses_other_options_and_non_runs(tmp_path, capsys):
     assert code == 2 and "drop --workers" in err
     code, _, err = cli(capsys, "train", "--algo", "agn")
     assert code == 2 and "--out DIR is required" in err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["algorithms"], ["train", "--help"], ["train", "--lr", "nan", "--out", "x"],
+                                  ["train", "--delay", "warp", "--out", "x"], ["compare", "--workers", "0", "--out", "x"]])
+def test_help_listing_and_argument_errors_do_not_import_torch(args):
+    # torch takes seconds to import; these answers must not wait for it
+    code = ("import sys; from stalegrad.cli import main; code = main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert "torch was imported" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == (0 if args[-1] in ("--help", "algorithms") else 2), proc.stderr

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from stalegrad import data
 from stalegrad.data import DataError
+from stalegrad.errors import ConfigError, UsageError
 
 REAL_SYSTEM_DIRS = list(data.SYSTEM_DATA_DIRS)
 IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -30,7 +31,7 @@ def isolated_lookup(tmp_path, monkeypatch):
     """No test may see the user's data, cache or the machine's system dir."""
     monkeypatch.delenv(data.ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    monkeypatch.setattr(data, "SYSTEM_DATA_DIRS", [tmp_path / "system"])
+    monkeypatch.setattr(data.locate, "SYSTEM_DATA_DIRS", [tmp_path / "system"])
 
 
 # ---- writers for the real formats --------------------------------------------
@@ -115,14 +116,26 @@ def test_dataset_container():
 
 
 def test_unknown_names():
-    with pytest.raises(ValueError, match="unknown dataset 'imagenet'; choose one of mnist"):
+    with pytest.raises(ConfigError, match="^dataset must be one of mnist, .*, got 'imagenet'$") as info:
         data.load_dataset("imagenet", "train")
-    with pytest.raises(ValueError, match="unknown split"):
+    assert info.value.param == "dataset"
+    with pytest.raises(ConfigError, match="^split must be one of train, test, got 'validation'$") as info:
         data.load_dataset("digits", "validation")
-    with pytest.raises(ValueError, match="unknown dataset"):
+    assert info.value.param == "split"
+    with pytest.raises(ConfigError, match="got 'imagenet'"):
         data.fetch("imagenet")
-    with pytest.raises(ValueError, match="bundled with scikit-learn"):
+    with pytest.raises(ConfigError, match="got 'imagenet'"):
+        data.cache_dir("imagenet")
+    with pytest.raises(ConfigError, match="bundled with scikit-learn"):
         data.find_dataset_dir("digits")
+
+
+def test_errors_are_usage_errors():
+    # Catchable as before (DataError, ValueError) and as every deliberate stalegrad error.
+    assert issubclass(DataError, UsageError) and issubclass(DataError, ValueError)
+    assert DataError.exit_code == 2
+    assert str(DataError("two\nlines")) == "two lines"
+    assert issubclass(ConfigError, ValueError)
 
 
 # ---- MNIST-style IDX ---------------------------------------------------------
@@ -630,7 +643,7 @@ SYSTEM_FASHION = REAL_SYSTEM_DIRS[0] / "fashion-mnist"
 @pytest.mark.skipif(not SYSTEM_FASHION.is_dir(),
                     reason=f"{SYSTEM_FASHION} absent: apt-get install dataset-fashion-mnist")
 def test_system_fashion_mnist(monkeypatch):
-    monkeypatch.setattr(data, "SYSTEM_DATA_DIRS", REAL_SYSTEM_DIRS)
+    monkeypatch.setattr(data.locate, "SYSTEM_DATA_DIRS", REAL_SYSTEM_DIRS)
     assert data.find_dataset_dir("fashion-mnist") == SYSTEM_FASHION
     train, test = data.load_pair("fashion-mnist")
     assert train.x.shape == (60000, 1, 28, 28) and test.x.shape == (10000, 1, 28, 28)

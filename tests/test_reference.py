@@ -14,7 +14,7 @@ import stalegrad as sg
 from stalegrad.runtimes import Simulator
 from stalegrad.worker import BatchStream
 
-from test_simulator import TEST, TRAIN
+from helpers import TEST, TRAIN
 
 X = TRAIN.x.double().numpy()
 Y = TRAIN.y.numpy()

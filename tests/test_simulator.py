@@ -7,10 +7,7 @@ import stalegrad as sg
 from stalegrad.algorithms import ALGORITHMS, make_algorithm
 from stalegrad.runtimes import Simulator
 
-from helpers import blobs
-
-
-TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
+from helpers import TEST, TRAIN, write_trace
 
 
 def run(algo="asgd", workers=4, delay="uniform", epochs=1.0, seed=0, batch_size=8, lr=None, **kw):
@@ -85,10 +82,6 @@ def test_virtual_time_scales_with_step_time_and_window():
     res = sg.train("logreg", TRAIN, TEST, algorithm, 2, Simulator(step_time=0.5), epochs=1, batch_size=8)
     # round robin, 2 workers, each message = 4 steps of 0.5 s: two messages every 2 virtual seconds
     assert res.summary["virtual_s"] == pytest.approx(res.summary["updates"] / 2 * 2.0)
-
-
-def write_trace(path, rows):
-    path.write_text("worker,pulled,applied,wall_s\n" + "".join(f"{w},{p},{a},{t}\n" for w, p, a, t in rows))
 
 
 def test_trace_replay_reproduces_the_recorded_staleness(tmp_path):

@@ -199,8 +199,8 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
 
 def build_runtime(p: dict):
     """The runtime that --runtime names, with its options (flags of the other runtime are refused)."""
-    from ..runtimes import LocalRuntime, Simulator
     if p["runtime"] == "local":
+        from ..runtimes.local import LocalRuntime
         for name, default in (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False)):
             if p.get(name) != default:
                 raise ConfigError(name, "applies to runtime sim; runtime local measures real delays (record them "
@@ -211,4 +211,5 @@ def build_runtime(p: dict):
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")
     if p.get("threads_per_worker") is not None:
         raise ConfigError("threads_per_worker", "applies to runtime local only")
+    from ..runtimes.sim import Simulator
     return Simulator(delay=p["delay"], step_time=p["step_time"], vectorised=bool(p.get("vectorised")))

@@ -17,6 +17,14 @@ def load_data(params: dict):
     return load_pair(params["dataset"], params["data_dir"], seed=params["seed"])
 
 
+def check_options(algo_name: str, params: dict):
+    """The validated (RunConfig, runtime) of one run; checked before any data is loaded."""
+    config = build_config(algo_name, params)
+    runtime = build_runtime(params)
+    runtime.check(config)
+    return config, runtime
+
+
 def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool, resume: bool = False):
     """One run into ``out`` (or its continuation from ``out``'s checkpoint); returns the TrainResult.
 
@@ -29,9 +37,7 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
     from ..results import RunWriter
     from ..training import train
 
-    config = build_config(algo_name, params)
-    runtime = build_runtime(params)
-    runtime.check(config)
+    config, runtime = check_options(algo_name, params)
     config.check_data(train_set, test_set)
     shape, classes = tuple(train_set.x.shape[1:]), train_set.num_classes
     torch.manual_seed(config.seed)
@@ -74,6 +80,7 @@ def train(ctx, algo, out, resume, **params):
             raise UsageError("--out DIR is required: the directory for the run's results (or --resume DIR)")
     out = Path(out)
     algo = params.pop("algo")
+    check_options(algo, params)   # a bad option fails fast, before the data set is read
     train_set, test_set = load_data(params)
     res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"], resume=resume is not None)
     click.echo(summary_line(algo, res, out))
@@ -129,9 +136,6 @@ def compare(ctx, algos, out, **params):
     TE column is the AGN paper's temporal efficiency of test accuracy over
     virtual time against the first algorithm (E > 1: better sooner).
     """
-    from ..metrics import temporal_efficiency
-    from ..results import write_json
-
     params = apply_config_file(ctx, params)
     names = [a.strip() for a in algos.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]
@@ -150,9 +154,11 @@ def compare(ctx, algos, out, **params):
         for k in ALGO_FLAGS:
             if k not in own:
                 p[k] = None
-        build_config(name, p)      # every run's options checked before the first one starts
-        build_runtime(p)
+        check_options(name, p)     # every run's options checked before the first one starts
         per_algo.append((name, p))
+    from ..metrics import temporal_efficiency
+    from ..results import write_json
+
     train_set, test_set = load_data(params)
     out = Path(out)
     rows, curves = [], {}

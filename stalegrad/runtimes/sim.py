@@ -15,7 +15,6 @@ from ..delays import DelayModel, Trace, parse_delay
 from ..errors import ConfigError, check_finite_positive
 from .base import Training
 from .events import EventLoop, Replay
-from .vectorised import VectorisedLoop, unsupported
 
 
 @dataclass
@@ -47,6 +46,7 @@ class Simulator:
         rng = random.Random(seed)
         loop = None
         if self.vectorised:
+            from .vectorised import VectorisedLoop, unsupported   # torch.func: only when asked for
             why = unsupported(training, delay, resume)
             if why is None:
                 loop = VectorisedLoop(training, delay, self.step_time, rng)

@@ -11,6 +11,9 @@ these are conveniences, not a registry that must be extended.
     cnn       small LeNet-style convnet for (C,H,W) images, H,W >= 8
     resnet20  CIFAR ResNet-20 (He et al. 2016), option-A shortcuts
 
+The networks themselves are in ``zoo.py``; this module holds their names and
+the checks of a model against the data, and imports torch only to build one.
+
 Initialisation uses PyTorch's defaults (Kaiming-normal for ResNet-20 convs,
 as in the paper) and draws from the global RNG, so ``torch.manual_seed``
 before ``build_model`` fixes the initial weights. We never seed here: the
@@ -19,14 +22,17 @@ run of a sweep start from the same point.
 """
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["MODELS", "ModelError", "ResNet20", "build_model", "count_parameters"]
+
 
 MODELS = ("logreg", "mlp", "agn-mlp", "cnn", "resnet20")
 
@@ -39,9 +45,16 @@ MIN_IMAGE_SIDE = 8
 _TAKES_HIDDEN = ("mlp",)
 
 
-class ModelError(ValueError):
+def __getattr__(name: str):
+    # The networks need torch; the names and checks above do not (the CLI lists MODELS without it).
+    if name == "ResNet20":
+        return importlib.import_module(".zoo", __name__).ResNet20
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class ModelError(UsageError):
     """One-line user-facing message: which model, which dataset shape, why it
-    cannot fit, what to use instead."""
+    cannot fit, what to use instead. A ``UsageError`` (so a ValueError too)."""
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -71,18 +84,22 @@ def build_model(
             f"model {name!r} does not take hidden sizes ({fix}); "
             f"drop hidden=, or use mlp for custom hidden sizes")
 
+    from torch import nn
+
+    from .zoo import ResNet20, cnn, mlp
+
     in_features = math.prod(shape)
     if name == "logreg":
         return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
     if name == "mlp":
         sizes = DEFAULT_MLP_HIDDEN if hidden is None else _check_hidden(hidden)
-        return _mlp(in_features, sizes, num_classes)
+        return mlp(in_features, sizes, num_classes)
     if name == "agn-mlp":
-        return _mlp(in_features, AGN_MLP_HIDDEN, num_classes)
+        return mlp(in_features, AGN_MLP_HIDDEN, num_classes)
 
     channels, height, width = _check_image(name, shape)
     if name == "cnn":
-        return _cnn(channels, height, width, num_classes)
+        return cnn(channels, height, width, num_classes)
     return ResNet20(channels, num_classes)
 
 
@@ -156,102 +173,3 @@ def _check_image(name: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 # --- fully connected ---------------------------------------------------------
-
-def _mlp(in_features: int, hidden: Sequence[int], num_classes: int) -> nn.Sequential:
-    layers: list[nn.Module] = [nn.Flatten()]
-    width = in_features
-    for size in hidden:
-        layers += [nn.Linear(width, size), nn.ReLU()]
-        width = size
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
-
-
-# --- small convnet -----------------------------------------------------------
-
-def _cnn(channels: int, height: int, width: int, num_classes: int) -> nn.Sequential:
-    # Padded 3x3 convs keep the size and each 2x2 max-pool floors it by half,
-    # so after two stages an HxW image is (H//4)x(W//4), odd sizes included.
-    flat = 64 * (height // 4) * (width // 4)
-    return nn.Sequential(
-        nn.Conv2d(channels, 32, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(flat, 128), nn.ReLU(),
-        nn.Linear(128, num_classes),
-    )
-
-
-# --- ResNet-20 ---------------------------------------------------------------
-
-class _BasicBlock(nn.Module):
-    """Two 3x3 conv-BN layers plus a parameter-free shortcut ("option A").
-
-    Option A keeps the shortcut free of weights, which is what gives the
-    paper's 0.27M parameters: when a block halves the resolution and widens
-    the channels, the shortcut subsamples every other pixel and pads the new
-    channels with zeros instead of using a 1x1 projection conv.
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
-        super().__init__()
-        # No conv bias: BatchNorm's beta right after makes it redundant.
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride,
-                               padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1,
-                               padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_channels)
-        self.stride = stride
-        self.extra_channels = out_channels - in_channels
-
-    def _shortcut(self, x: Tensor) -> Tensor:
-        if self.stride != 1:
-            # Picks the same pixels as a stride-2, padding-1 3x3 conv centres
-            # on, so the size is ceil(H/2) on both branches even for odd H.
-            x = x[:, :, ::self.stride, ::self.stride]
-        if self.extra_channels:
-            # F.pad lists dimensions from the last one backwards: (W, H, C).
-            x = F.pad(x, (0, 0, 0, 0, 0, self.extra_channels))
-        return x
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + self._shortcut(x))
-
-
-class ResNet20(nn.Module):
-    """CIFAR ResNet-20: a 3x3 conv, then three stages of three basic blocks
-    with 16, 32 and 64 channels (stride 2 entering stages 2 and 3), global
-    average pooling and a linear classifier. 6n+2 layers with n=3."""
-
-    STAGE_CHANNELS = (16, 32, 64)
-    BLOCKS_PER_STAGE = 3
-
-    def __init__(self, in_channels: int, num_classes: int) -> None:
-        super().__init__()
-        first = self.STAGE_CHANNELS[0]
-        self.conv = nn.Conv2d(in_channels, first, 3, stride=1, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(first)
-        blocks: list[nn.Module] = []
-        width = first
-        for stage, channels in enumerate(self.STAGE_CHANNELS):
-            for i in range(self.BLOCKS_PER_STAGE):
-                stride = 2 if stage > 0 and i == 0 else 1
-                blocks.append(_BasicBlock(width, channels, stride))
-                width = channels
-        self.blocks = nn.Sequential(*blocks)
-        self.fc = nn.Linear(width, num_classes)
-        # He et al. initialise convs as in their 2015 "delving deep" paper;
-        # PyTorch's default (Kaiming-uniform with a=sqrt(5)) is much narrower
-        # and trains this depth noticeably slower.
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn(self.conv(x)))
-        out = self.blocks(out)
-        out = torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
-        return self.fc(out)
