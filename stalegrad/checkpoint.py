@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UsageError
+from .errors import RunError, UsageError
 from .results import atomic_open
 from .server import to_device
 
@@ -54,8 +54,12 @@ def capture(run, runtime_state: dict) -> dict:
 
 
 def save(path: str | os.PathLike, state: dict) -> None:
-    with atomic_open(path) as f:
-        torch.save(state, f)
+    try:
+        with atomic_open(path) as f:
+            torch.save(state, f)
+    except OSError as e:
+        why = "its directory was removed" if not Path(path).parent.is_dir() else e.strerror or type(e).__name__
+        raise RunError(f"{path}: cannot write the checkpoint ({why}); the run stopped") from None
 
 
 def load(path: str | os.PathLike) -> dict:
@@ -69,7 +73,31 @@ def load(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"{path}: corrupt or not a stalegrad checkpoint ({reason})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or "fingerprint" not in state:
         raise CheckpointError(f"{path}: not a stalegrad checkpoint (format {FORMAT})")
+    missing = _missing(state, {"fingerprint": {}, "runtime": {"workers": []},
+                               "run": {"server": {"w": None, "version": None, "pulled_version": None, "state": {},
+                                                  "live": None, "round": {}, "staleness": {}, "nonfinite_skipped": None},
+                                       "progress": {"samples": None, "virtual_s": None, "metrics": None,
+                                                    "notes": None, "next_eval": None, "loss_sum": None,
+                                                    "loss_count": None, "wall_s": None, "next_checkpoint": None},
+                                       "buffers": {}, "torch_rng": None}})
+    if missing:
+        raise CheckpointError(f"{path}: damaged checkpoint (no {missing}); resume from an intact one, or start afresh")
     return state
+
+
+def _missing(state, shape: dict, prefix: str = "") -> str | None:
+    """The first key of ``shape`` (nested dicts) that ``state`` lacks, or holds with the wrong type."""
+    for key, inner in shape.items():
+        where = f"{prefix}{key}"
+        if not isinstance(state, dict) or key not in state:
+            return repr(where)
+        if isinstance(inner, dict) and inner:
+            found = _missing(state[key], inner, where + ".")
+            if found:
+                return found
+        elif isinstance(inner, (dict, list)) and not isinstance(state[key], type(inner)):
+            return f"{where!r} of the right type"
+    return None
 
 
 def check_matches(path, state: dict, run) -> None:

@@ -6,12 +6,14 @@
     summary.json     final/best accuracy, times, updates, staleness, weights hash
     model.pt         the final model (state_dict plus what rebuilds it)
 
-JSON files are written to a temporary file and renamed, so a reader never
-sees half a file.
+JSON files are strict JSON (NaN and infinities become null), written to a
+temporary file and renamed, so a reader never sees half a file. ``rundir.py``
+owns a run directory for the life of a run.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from contextlib import contextmanager
@@ -20,9 +22,6 @@ from pathlib import Path
 import torch
 
 from .errors import UsageError
-
-RUN_FILES = ("config.json", "metrics.jsonl", "staleness.json", "summary.json", "model.pt")
-
 
 class OutputError(UsageError):
     """A run directory or output path that cannot be used (one-line message)."""
@@ -50,49 +49,25 @@ def atomic_write(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+def strict(obj):
+    """``obj`` with every NaN or infinite float replaced by None: strict JSON, which jq and most
+    parsers require (Python's json would write the non-standard tokens NaN and Infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    return obj
+
+
+def json_text(obj, indent: int | None = None) -> str:
+    """Strict JSON of ``obj`` (non-finite floats as null)."""
+    return json.dumps(strict(obj), indent=indent, allow_nan=False)
+
+
 def write_json(path: Path, obj) -> None:
-    atomic_write(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
-
-
-class RunWriter:
-    """Owns one run directory for the duration of a run."""
-
-    def __init__(self, out: str | os.PathLike, overwrite: bool = False, resume: bool = False):
-        self.dir = Path(out)
-        if resume:   # continue the run already there; start() rewrites its metrics
-            if not (self.dir / "config.json").is_file():
-                raise OutputError(f"--resume {self.dir}: not a stalegrad run directory (no config.json)")
-            return
-        if self.dir.exists() and not self.dir.is_dir():
-            raise OutputError(f"--out {self.dir}: exists and is not a directory; choose another path")
-        existing = [f for f in RUN_FILES if (self.dir / f).exists()]
-        if existing and not overwrite:
-            raise OutputError(f"--out {self.dir}: already holds a run ({existing[0]}); "
-                              "pass --overwrite to replace it, or choose another directory")
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise OutputError(f"--out {self.dir}: cannot create the directory ({e.strerror})") from None
-        if existing:
-            for f in existing:
-                (self.dir / f).unlink()
-
-    def start(self, config: dict, metrics: list[dict] = ()) -> None:
-        """Write the configuration, and the metrics so far (a resumed run's)."""
-        write_json(self.dir / "config.json", config)
-        atomic_write(self.dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics).encode())
-
-    def metric(self, record: dict) -> None:
-        with open(self.dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def finish(self, result, model_spec: dict | None = None) -> None:
-        write_json(self.dir / "staleness.json", result.staleness)
-        write_json(self.dir / "summary.json", result.summary)
-        payload = {"state_dict": result.model.state_dict(), "weights": result.weights.cpu(),
-                   "model": model_spec or {}, "summary": result.summary}
-        with atomic_open(self.dir / "model.pt") as f:
-            torch.save(payload, f)
+    atomic_write(path, (json_text(obj, indent=2) + "\n").encode())
 
 
 def read_run(run_dir: str | os.PathLike) -> dict:

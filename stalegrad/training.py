@@ -204,6 +204,9 @@ class TrainingRun:
             self.evaluate()
         stal = self.server.staleness.summary()
         final = self.metrics[-1]
+        skipped = self.server.nonfinite_skipped
+        # Diverged: the final model's loss is NaN/Inf, or most messages were NaN/Inf and skipped.
+        diverged = not math.isfinite(final["test_loss"]) or skipped > self.server.version
         summary = {
             "algorithm": self.algorithm.name,
             "workers": self.config.workers,
@@ -217,7 +220,8 @@ class TrainingRun:
             "samples": self.samples,
             "tau_mean": stal["tau_mean"],
             "tau_max": stal["tau_max"],
-            "nonfinite_skipped": self.server.nonfinite_skipped,
+            "nonfinite_skipped": skipped,
+            "diverged": diverged,
             "weights_sha256": weights_sha256(self.server.w),
             "notes": self.notes,
             **self.figures,
@@ -293,6 +297,11 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
                           checkpoint_path=checkpoint_path, resolved=resolved)
         if saved is not None:   # checked before on_start writes anything
             checkpoint.check_matches(resume, saved, run)
+            done = int(saved["run"]["progress"]["samples"])
+            if done > run.sample_budget:
+                raise ConfigError("epochs", f"is {config.epochs:g}, but the run to resume has already trained "
+                                            f"{done / run.num_samples:.4g} epochs; give at least that many "
+                                            "(more to extend it)")
         if on_start is not None:   # (configuration, metrics so far: those of the checkpoint when resuming)
             on_start(resolved, list(saved["run"]["progress"]["metrics"]) if saved is not None else [])
         if saved is None:

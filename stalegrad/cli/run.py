@@ -34,7 +34,7 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
 
     from ..checkpoint import CHECKPOINT_FILE
     from ..models import build_model
-    from ..results import RunWriter
+    from ..rundir import RunWriter
     from ..training import train
 
     config, runtime = check_options(algo_name, params)
@@ -42,15 +42,24 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
     shape, classes = tuple(train_set.x.shape[1:]), train_set.num_classes
     torch.manual_seed(config.seed)
     module = build_model(params["model"], shape, classes, hidden=params["hidden"])
-    writer = RunWriter(out, overwrite=params["overwrite"], resume=resume)
     checkpoint_path = out / CHECKPOINT_FILE
     model_spec = {"name": params["model"], "input_shape": list(shape), "num_classes": classes,
                   "hidden": list(params["hidden"]) if params["hidden"] else None}
-    result = train(module, train_set, test_set, runtime=runtime, config=config, progress=progress,
-                   on_start=writer.start, on_eval=writer.metric, checkpoint_path=checkpoint_path,
-                   resume=checkpoint_path if resume else None)
-    writer.finish(result, model_spec)
+    with RunWriter(out, overwrite=params["overwrite"], resume=resume) as writer:   # locked for the run
+        result = train(module, train_set, test_set, runtime=runtime, config=config, progress=progress,
+                       on_start=writer.start, on_eval=writer.metric, checkpoint_path=checkpoint_path,
+                       resume=checkpoint_path if resume else None)
+        writer.finish(result, model_spec)
+    warn_if_diverged(result)
     return result
+
+
+def warn_if_diverged(result) -> None:
+    s = result.summary
+    skipped, messages = s["nonfinite_skipped"], s["nonfinite_skipped"] + s["updates"]
+    if s.get("diverged"):
+        click.echo(f"stalegrad: warning: the run diverged: {skipped} of {messages} updates were NaN/Inf and "
+                   "skipped; lower --lr, or pass --on-nonfinite stop to stop at the first one", err=True)
 
 
 def summary_line(name: str, res, out: Path) -> str:

@@ -1,0 +1,152 @@
+"""One run directory, owned by one run at a time, where nothing is lost.
+
+    config.json      the resolved configuration
+    metrics.jsonl    one JSON object per evaluation, appended as they happen
+    staleness.json   tau histogram, mean, max, per-worker figures
+    summary.json     final/best accuracy, times, updates, staleness, weights hash
+    model.pt         the final model (state_dict plus what rebuilds it)
+    checkpoint.pt    the complete state, with --checkpoint-every
+
+The guarantees, in the order a run meets them:
+
+1. ``RunWriter(...)`` only checks (the path, an existing run, ``--overwrite``,
+   ``--resume``); the caller validates every other input before ``open()``.
+2. ``open()`` creates the directory and takes an exclusive ``flock`` on
+   ``DIR/.lock`` for the life of the run: a second run on the same directory
+   fails at once, naming the PID that holds it. The kernel drops the lock when
+   its process dies, so a crashed run never blocks the next one. Temporary
+   files of a write that a crash interrupted are removed here.
+3. The previous run's files (``--overwrite``) stay until ``start()``, when
+   the new run has really started and writes its first file.
+4. Every file but metrics.jsonl is written whole and renamed into place;
+   every JSON file is strict JSON.
+5. ``close()`` releases the lock; a run that failed before ``start()`` leaves
+   no directory it created behind.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+from .errors import RunError
+from .results import OutputError, atomic_open, atomic_write, json_text, write_json
+
+RUN_FILES = ("config.json", "metrics.jsonl", "staleness.json", "summary.json", "model.pt", "checkpoint.pt")
+LOCK_FILE = ".lock"
+
+
+class RunWriter:
+    """Owns one run directory for the duration of a run (see the module docstring)."""
+
+    def __init__(self, out: str | os.PathLike, overwrite: bool = False, resume: bool = False):
+        self.dir = Path(out)
+        self.overwrite, self.resume = overwrite, resume
+        self.created = False
+        self.started = False
+        self._lock_fd: int | None = None
+        if resume:   # continue the run already there; start() rewrites its metrics
+            if not (self.dir / "config.json").is_file():
+                raise OutputError(f"--resume {self.dir}: not a stalegrad run directory (no config.json)")
+            return
+        if self.dir.exists() and not self.dir.is_dir():
+            raise OutputError(f"--out {self.dir}: exists and is not a directory; choose another path")
+        self._refuse_existing_run()
+        parent = next((p for p in [self.dir, *self.dir.parents] if p.exists()), None)
+        if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputError(f"--out {self.dir}: {parent} is not writable; choose another directory")
+
+    def _refuse_existing_run(self) -> None:
+        existing = [f for f in RUN_FILES if (self.dir / f).exists()]
+        if existing and not self.overwrite and not self.resume:
+            raise OutputError(f"--out {self.dir}: already holds a run ({existing[0]}); "
+                              "pass --overwrite to replace it, or choose another directory")
+
+    # ---- the life of a run --------------------------------------------------------
+    def open(self) -> "RunWriter":
+        """Create the directory and lock it for this run (OutputError if another run holds it)."""
+        try:
+            self.created = not self.dir.exists()
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            self._remove_if_created()
+            raise OutputError(f"--out {self.dir}: cannot create the run directory ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise OutputError(f"--out {self.dir}: cannot lock the run directory ({e.strerror})") from None
+            raise OutputError(f"--out {self.dir}: another run (PID {holder}) is using this directory; "
+                              "wait for it to end, or choose another directory") from None
+        self._lock_fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        for stale in self.dir.glob(".*.tmp"):   # left by a write that a crash interrupted
+            stale.unlink(missing_ok=True)
+        try:
+            self._refuse_existing_run()   # again, under the lock: a run that started with ours may have finished
+        except OutputError:
+            self.close()
+            raise
+        return self
+
+    def start(self, config: dict, metrics: list[dict] = ()) -> None:
+        """The run has started: replace the previous run (``--overwrite``), write the configuration
+        and the metrics so far (a resumed run's)."""
+        if self.overwrite and not self.resume:
+            for name in RUN_FILES:
+                (self.dir / name).unlink(missing_ok=True)
+        self.started = True
+        self._guard(write_json, self.dir / "config.json", config)
+        self._guard(atomic_write, self.dir / "metrics.jsonl", "".join(json_text(m) + "\n" for m in metrics).encode())
+
+    def metric(self, record: dict) -> None:
+        def append(path):
+            with open(path, "a") as f:
+                f.write(json_text(record) + "\n")
+        self._guard(append, self.dir / "metrics.jsonl")
+
+    def finish(self, result, model_spec: dict | None = None) -> None:
+        import torch
+        self._guard(write_json, self.dir / "staleness.json", result.staleness)
+        self._guard(write_json, self.dir / "summary.json", result.summary)
+        payload = {"state_dict": result.model.state_dict(), "weights": result.weights.cpu(),
+                   "model": model_spec or {}, "summary": result.summary}
+
+        def save(path):
+            with atomic_open(path) as f:
+                torch.save(payload, f)
+        self._guard(save, self.dir / "model.pt")
+
+    def close(self) -> None:
+        """Release the lock; remove the directory if this run created it and never started."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)   # closing the descriptor releases the flock
+            self._lock_fd = None
+        if not self.started:
+            self._remove_if_created()
+
+    def __enter__(self) -> "RunWriter":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- helpers ------------------------------------------------------------------
+    def _remove_if_created(self) -> None:
+        if self.created:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.created = False
+
+    def _guard(self, write, path: Path, *args) -> None:
+        """A write of the run; a vanished or full directory ends the run with one line."""
+        try:
+            write(path, *args)
+        except OSError as e:
+            why = "the run directory was removed" if not self.dir.is_dir() else e.strerror or type(e).__name__
+            raise RunError(f"{path}: cannot write it ({why}); the run stopped") from None
