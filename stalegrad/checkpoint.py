@@ -23,7 +23,6 @@ import torch
 
 from .errors import RunError, UsageError
 from .results import atomic_open
-from .server import to_device
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = 2
@@ -109,9 +108,10 @@ def check_matches(path, state: dict, run) -> None:
 
 
 def restore(run, state: dict) -> dict:
-    """Load ``state`` into ``run``; returns the runtime's part (its workers' states included)."""
+    """Load ``state`` into ``run``; returns the runtime's part (its workers' states included), on the
+    CPU as saved: each part moves what it needs (random-generator states must stay on the CPU)."""
     run.load_state_dict(state["run"])
-    return to_device(state["runtime"], run.server.w.device)
+    return state["runtime"]
 
 
 def _short(value) -> str:

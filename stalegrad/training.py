@@ -71,7 +71,7 @@ class TrainingRun:
         self.test_data = SimpleNamespace(x=test_data.x.to(device), y=test_data.y.to(device))
         self.worker_factory = WorkerFactory(algorithm, config.workers, config.batch_size, config.partition,
                                             config.seed, train_data.x.to(device), train_data.y.to(device),
-                                            w0=self.server.w.clone(), model=self.model)
+                                            w0=self.server.w.clone(), model=self.model, device=device)
         self.num_samples = len(train_data.y)
         self.sample_budget = int(round(config.epochs * self.num_samples))
         self.eval_interval = max(1, int(round(config.eval_every * self.num_samples)))

@@ -171,7 +171,7 @@ class Worker:
 class WorkerFactory:
     """Builds worker m exactly the same way in this process or in another one.
 
-    ``x``, ``y`` are the training set, ``w0`` the initial weights, ``model`` the
+    ``x``, ``y`` are the training set (on ``device``), ``w0`` the initial weights, ``model`` the
     run's own ``FlatModel``: in-process workers share it (and so its BatchNorm
     statistics) with the server's evaluation. A runtime that builds workers
     elsewhere replaces what does not travel (``dataclasses.replace``: shared
@@ -187,6 +187,7 @@ class WorkerFactory:
     y: Tensor
     w0: Tensor | None = None
     model: FlatModel | None = None
+    device: str = "cpu"      # as configured: "cuda" without an index lets a runtime spread workers over GPUs
 
     @property
     def num_samples(self) -> int:

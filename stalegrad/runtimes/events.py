@@ -59,7 +59,7 @@ class EventLoop:
             raise ValueError("the checkpoint was made by a trace replay, not by the event loop")
         self.heap = [(float(t), int(q), int(m)) for t, q, m in st["heap"]]
         self.seq, self.now = int(st["seq"]), float(st["now"])
-        self.parked, self.pulled = list(st["parked"]), list(st["pulled"])
+        self.parked, self.pulled = list(st["parked"]), to_device(list(st["pulled"]), self.server.w.device)
         self.rng.setstate(as_tuple(st["rng"]))
         load_workers(self.workers, st["workers"])
 
@@ -132,7 +132,8 @@ class Replay:
         if st.get("kind") != "replay":
             raise ValueError("the checkpoint was made by the event loop, not by a trace replay")
         self.i, self.pending = int(st["i"]), [int(p) for p in st["pending"]]
-        self.has_pulled, self.pulled = [bool(h) for h in st["has_pulled"]], list(st["pulled"])
+        self.has_pulled = [bool(h) for h in st["has_pulled"]]
+        self.pulled = to_device(list(st["pulled"]), self.server.w.device)
         load_workers(self.workers, st["workers"])
 
     def run(self) -> None:
@@ -174,6 +175,11 @@ class Replay:
             if training.checkpoint_due():
                 training.save_checkpoint(self.state_dict())
         training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
+
+
+def to_device(obj, device):
+    from ..server import to_device as move   # the server imports torch; help and argument errors must not
+    return move(obj, device)
 
 
 def load_workers(workers: list, states: list[dict]) -> None:
