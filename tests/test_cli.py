@@ -144,6 +144,31 @@ def test_bad_config_keys_and_values(tmp_path, capsys):
     assert code == 2 and "not valid TOML" in err
 
 
+@pytest.mark.parametrize("line,needle", [
+    ("workers = [1, 2]", "workers must be a single value"), ("epochs = {a = 1}", "epochs must be a single value"),
+    ('hidden = ["a"]', "hidden: expected comma-separated sizes"),
+    ('lr_milestones = ["x"]', "lr_milestones: expected comma-separated numbers"),
+    ("epochs = inf", "--epochs must be a finite number > 0, got inf"), ("lr = nan", "--lr must be a finite number"),
+    ("train = 5", "unknown key 'train'"), ("seed = 1.5", "seed"), ('lam0 = "a"', "lam0"),
+    ("lr_milestones = [2, 1]", "--lr-milestones must be increasing"),
+])
+def test_config_values_of_the_wrong_shape_are_one_line(tmp_path, capsys, line, needle):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'algo = "dcasgd-a"\n{line}\n')
+    code, _, err = cli(capsys, "train", "--config", cfg, "--out", tmp_path / "r")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_config_may_name_the_run_directory(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'out = "{tmp_path / "from-file"}"\ndataset = "synthetic"\nmodel = "logreg"\nepochs = 0.2\n')
+    assert cli(capsys, "train", "--config", cfg, "--quiet")[0] == 0
+    assert (tmp_path / "from-file" / "summary.json").exists()
+    assert cli(capsys, "train", "--config", cfg, "--quiet", "--out", tmp_path / "flag")[0] == 0   # the flag wins
+    assert (tmp_path / "flag" / "summary.json").exists()
+
+
 def test_existing_run_is_not_overwritten(tmp_path, capsys):
     args = ["train", "--dataset", "synthetic", "--model", "logreg", "--epochs", 0.5, "--quiet", "--out", tmp_path]
     assert cli(capsys, *args)[0] == 0

@@ -148,7 +148,7 @@ def apply_config_file(ctx: click.Context, params: dict) -> dict:
     flag_names = {opt.lstrip("-"): p.name for p in ctx.command.params for opt in p.opts}
     for key, value in table.items():
         name = flag_names.get(key.replace("_", "-"), key.replace("-", "_"))
-        if name not in by_name or name in ("config_file", "overwrite", "quiet", "out", "resume"):
+        if name not in by_name or name in ("config_file", "overwrite", "quiet", "resume"):
             raise UsageError(f"--config {path}: unknown key {key!r}; keys are the flag names, e.g. algo, workers, lam0")
         if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
             continue
@@ -156,6 +156,10 @@ def apply_config_file(ctx: click.Context, params: dict) -> dict:
         listy = param.callback is not None   # --hidden and --lr-milestones take lists
         if isinstance(value, dict) or (isinstance(value, list) and not listy):
             raise UsageError(f"--config {path}: {key} must be a single value, not {value!r}")
+        if isinstance(param.type, click.types.IntParamType) and isinstance(value, (float, bool)):
+            raise UsageError(f"--config {path}: {key} must be an integer, not {value!r}")
+        if isinstance(value, bool) and not getattr(param, "is_flag", False):
+            raise UsageError(f"--config {path}: {key} must be a value, not {value!r}")
         try:
             value = param.callback(ctx, param, value) if listy else param.type_cast_value(ctx, value)
         except click.BadParameter as e:

@@ -85,6 +85,7 @@ def train(ctx, algo, out, resume, **params):
         out = resume
     else:
         params = apply_config_file(ctx, params)
+        out = params.pop("out", None) or out     # an `out` key of the TOML file (the flag wins)
         if out is None:
             raise UsageError("--out DIR is required: the directory for the run's results (or --resume DIR)")
     out = Path(out)
