@@ -88,6 +88,7 @@ class ParameterServer:
         self.staleness = StalenessLog(num_workers)
         self.nonfinite_skipped = 0
         self._delta = torch.empty_like(self.w)
+        self._pending = None   # (steps, finite, what, records) between prepare and commit
 
     # ---- the two calls every runtime makes ---------------------------------
     def pull(self, worker: int, out: Tensor | None = None) -> Tensor:
@@ -102,30 +103,68 @@ class ParameterServer:
         Returns True when the weights changed. A message or an update with a
         NaN/Inf is never applied: it is counted, or raises NonFiniteError.
         """
+        self.prepare(worker, msg, lr)
+        return self.commit()
+
+    def remove_worker(self, worker: int, lr: float = 0.0) -> bool:
+        """A worker is gone: synchronous rounds stop waiting for it (which may close one)."""
+        self.prepare_removal(worker, lr)
+        return self.commit()
+
+    # ---- the same in two phases, for a server split into shards --------------------
+    # A push is prepare (compute the update, check it) then commit (add it, count the
+    # version). Shards of one vector (runtimes/ray) each prepare their slice, and commit
+    # with apply = "every shard's slice is finite", so that an update is applied whole or
+    # not at all and every shard counts the same versions, hence the same tau.
+    def prepare(self, worker: int, msg: Tensor, lr: float, message_finite: bool | None = None) -> tuple[bool, bool]:
+        """Phase one of ``push``: returns (pending, finite), whether an update now waits for
+        ``commit`` (not when a synchronous round stays open, or the message was dropped as
+        non-finite) and whether it is finite. ``message_finite`` is the whole message's
+        finiteness, given by whoever saw all of it (a shard sees only its slice)."""
+        self._pending = None
         tau = self.version - self.pulled_version[worker]
         span = self._extremes(msg)
         finite = math.isfinite(span[0]) and math.isfinite(span[1])
+        if message_finite is not None:
+            finite = finite and message_finite
         if not finite:
             self._nonfinite(f"message from worker {worker}")
         if self.algorithm.synchronous:
             # Kept until the round closes, so copied: the sender may reuse its buffer.
             self.round[worker] = msg.clone() if finite else None
-            return self._maybe_close_round(lr)
+            return self._prepare_round(lr)
         if not finite:
-            return False
+            return False, False
         rule = self.algorithm.server_delta
-        if not self._apply(lambda state, w, g, out: rule(state, w, worker, g, tau, lr, out),
-                           getattr(rule, "elementwise", False), msg, span, f"update from worker {worker}"):
-            return False
-        self.version += 1
-        self.staleness.record(worker, tau)
-        return True
+        ok = self._prepare_update(lambda state, w, g, out: rule(state, w, worker, g, tau, lr, out),
+                                  getattr(rule, "elementwise", False), msg, span, f"update from worker {worker}",
+                                  [(worker, tau)])
+        return True, ok
 
-    def remove_worker(self, worker: int, lr: float = 0.0) -> bool:
-        """A worker is gone: synchronous rounds stop waiting for it."""
+    def prepare_removal(self, worker: int, lr: float = 0.0) -> tuple[bool, bool]:
+        """Phase one of ``remove_worker``: (pending, finite) as ``prepare``."""
+        self._pending = None
         self.live.discard(worker)
         self.round.pop(worker, None)
-        return self._maybe_close_round(lr) if self.algorithm.synchronous else False
+        return self._prepare_round(lr) if self.algorithm.synchronous else (False, False)
+
+    def commit(self, apply: bool | None = None) -> bool:
+        """Phase two: add the pending update (``apply``: default, whether it is finite).
+        Not applied, it is counted as non-finite (or raises NonFiniteError). True when ``w`` changed."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return False
+        steps, finite, what, records = pending
+        if not (finite if apply is None else apply):
+            return self._nonfinite(what)
+        w = self.w
+        for a, b, t, s in steps:
+            target = w if a is None else w[a:b]
+            target.add_(t) if s == 1.0 else target.add_(t, alpha=s)
+        for m, tau in records:
+            self.staleness.record(m, tau)
+        self.version += 1
+        return True
 
     @property
     def round_open(self) -> bool:
@@ -157,43 +196,39 @@ class ParameterServer:
         self.nonfinite_skipped = int(sd["nonfinite_skipped"])
 
     # ---- internals ------------------------------------------------------------
-    def _maybe_close_round(self, lr: float) -> bool:
+    def _prepare_round(self, lr: float) -> tuple[bool, bool]:
         if not self.live or not self.live.issubset(self.round):
-            return False
+            return False, False
         msgs = {m: g for m, g in sorted(self.round.items()) if g is not None}
         self.round.clear()
         if not msgs:
-            return False
+            return False, False
         rule = self.algorithm.round_delta
-        if not self._apply(lambda state, w, gs, out: rule(state, w, gs, lr, out),
-                           getattr(rule, "elementwise", False), msgs, None, "synchronous round update"):
-            return False
-        for m in msgs:
-            self.staleness.record(m, self.version - self.pulled_version[m])
-        self.version += 1
-        return True
+        records = [(m, self.version - self.pulled_version[m]) for m in msgs]
+        ok = self._prepare_update(lambda state, w, gs, out: rule(state, w, gs, lr, out),
+                                  getattr(rule, "elementwise", False), msgs, None, "synchronous round update", records)
+        return True, ok
 
-    def _apply(self, rule, elementwise: bool, msg, span, what: str) -> bool:
-        """Run ``rule(state, w, msg, out)``, check the update, add it to ``w``.
+    def _prepare_update(self, rule, elementwise: bool, msg, span, what: str, records: list) -> bool:
+        """Run ``rule(state, w, msg, out)`` and check the update; keep it for ``commit``.
 
         The rule writes the update into ``out`` (and returns None) or returns
         ``(t, s)`` for the update ``s*t``. ``msg`` is the message (or the dict
         of a round's messages); ``span`` its (min, max), known finite, when it
-        is one tensor. Returns True when the update was finite and applied.
+        is one tensor. Returns whether the update is finite.
 
         An element-wise rule on the CPU runs on chunks of ``CHUNK`` elements of
         everything (weights, messages, state, ``out``), each chunk checked while
-        still in cache; the chunks are added once all of them are known finite,
-        so that an update is applied whole or not at all.
+        still in cache; ``commit`` adds the chunks once all of them are known
+        finite, so that an update is applied whole or not at all.
         """
         delta, w = self._delta, self.w
         n = delta.numel()
         if not elementwise or delta.device.type != "cpu" or delta.dim() != 1 or n < CHUNK_ABOVE:
             t, s = self._step(rule(self.state, w, msg, delta), delta)
-            if not self._scaled_finite(t, s, span if t is msg else None):
-                return self._nonfinite(what)
-            w.add_(t) if s == 1.0 else w.add_(t, alpha=s)
-            return True
+            finite = self._scaled_finite(t, s, span if t is msg else None)
+            self._pending = ([(None, None, t, s)], finite, what, records)
+            return finite
         steps, finite = [], True
         one = isinstance(msg, Tensor)
         per_element = self.algorithm.per_element_state
@@ -207,15 +242,10 @@ class ParameterServer:
             finite = finite and self._scaled_finite(t, s, span if t is m else None)
             whole &= {"msg" if t is m else "out" if t is out else None}
             steps.append((a, b, t, s))
-        if not finite:
-            return self._nonfinite(what)
         if whole and len({s for *_, s in steps}) == 1:
-            t = msg if whole == {"msg"} else delta
-            w.add_(t) if s == 1.0 else w.add_(t, alpha=s)
-            return True
-        for a, b, t, s in steps:
-            w[a:b].add_(t) if s == 1.0 else w[a:b].add_(t, alpha=s)
-        return True
+            steps = [(None, None, msg if whole == {"msg"} else delta, steps[0][3])]
+        self._pending = (steps, finite, what, records)
+        return finite
 
     @staticmethod
     def _step(result, out: Tensor) -> tuple[Tensor, float]:

@@ -1,0 +1,165 @@
+"""A parameter server split into K shards, each owning one contiguous slice of the weights.
+
+Every server rule is element-wise, so shard k runs the same ``ParameterServer``
+with the same algorithm on its slice (its own per-worker snapshots, MeanSquare
+and momentum of that slice) and the concatenation of the shards' weights is the
+weights of one unsplit server. What must agree across shards is the version
+counter, because tau = version - pulled_version[m] enters the rules (DynSGD)
+and the staleness log. The design that makes it agree:
+
+- one caller (the runtime's driver) sends every shard the same sequence of
+  ``pull(m)``, ``prepare``/``commit`` and ``prepare_removal``/``commit``
+  calls, and each shard executes its calls in the order they were sent (Ray
+  runs one caller's calls to an actor in order);
+- a push is two-phase: every shard prepares its slice's update and says
+  whether it is finite; the driver commits with ``apply`` = "all slices are
+  finite", so an update is applied everywhere or nowhere, and every shard
+  counts the same versions (a skipped update counts on every shard too);
+- whether the *message* is finite is decided on the whole message, by its
+  sender (``message_finite``), not slice by slice.
+
+So after every call each shard holds the same version, the same
+``pulled_version`` and the same staleness log, and a message sees the same tau
+on every shard. ``tests/test_sharding.py`` drives K shards and one server with
+the same calls and checks equal weights, versions and logs for every algorithm,
+including NaN messages and updates that overflow in one shard only.
+
+``ShardedServer`` is the driver's side, independent of transport: ``call``
+runs one method on every shard (in this process for tests, on Ray actors in
+``runtimes/ray``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .server import ParameterServer, StalenessLog
+
+# call(method, per-shard argument tuples) -> per-shard results
+Call = Callable[[str, Sequence[tuple]], list]
+
+
+def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
+    """K contiguous slices [a, b) of n elements, sizes differing by at most one."""
+    if not 1 <= shards <= n:
+        raise ValueError(f"cannot split {n} parameters into {shards} shards")
+    q, r = divmod(n, shards)
+    bounds, a = [], 0
+    for k in range(shards):
+        b = a + q + (1 if k < r else 0)
+        bounds.append((a, b))
+        a = b
+    return bounds
+
+
+def split_state(sd: dict, bounds: list[tuple[int, int]], per_element: tuple[str, ...]) -> list[dict]:
+    """One server ``state_dict`` as K shard ``state_dict``s (the element-wise parts sliced)."""
+    out = []
+    for a, b in bounds:
+        part = dict(sd)
+        part["w"] = sd["w"][a:b].clone()
+        part["state"] = {k: (_slice(v, a, b) if k in per_element else v) for k, v in sd["state"].items()}
+        part["round"] = {m: (None if g is None else g[a:b].clone()) for m, g in sd["round"].items()}
+        out.append(part)
+    return out
+
+
+def merge_states(parts: list[dict], per_element: tuple[str, ...]) -> dict:
+    """K shard ``state_dict``s as one server's (their bookkeeping is equal: shard 0's is taken)."""
+    first = parts[0]
+    merged = dict(first)
+    merged["w"] = torch.cat([p["w"] for p in parts])
+    merged["state"] = {k: (_cat([p["state"][k] for p in parts]) if k in per_element else v)
+                       for k, v in first["state"].items()}
+    merged["round"] = {m: (None if g is None else torch.cat([p["round"][m] for p in parts]))
+                       for m, g in first["round"].items()}
+    return merged
+
+
+def _slice(v, a: int, b: int):
+    if isinstance(v, Tensor):
+        return v[a:b].clone()
+    return [t[a:b].clone() for t in v]
+
+
+def _cat(values: list):
+    if isinstance(values[0], Tensor):
+        return torch.cat(values)
+    return [torch.cat([v[i] for v in values]) for i in range(len(values[0]))]
+
+
+class ShardedServer:
+    """The driver's view of K server shards: the calls of ``ParameterServer`` that a runtime makes.
+
+    It mirrors the bookkeeping (version, pulled versions, staleness log) that
+    every shard also keeps, so that a runtime knows tau without asking.
+    """
+
+    def __init__(self, call: Call, shards: int, num_workers: int, synchronous: bool):
+        self.call, self.shards, self.synchronous = call, shards, synchronous
+        self.version = 0
+        self.pulled_version = [0] * num_workers
+        self.live = set(range(num_workers))
+        self.round: dict[int, bool] = {}   # synchronous rules: this round's senders, and whether their message was finite
+        self.staleness = StalenessLog(num_workers)
+
+    def pull(self, worker: int) -> list:
+        """Every shard's slice of the weights for ``worker`` (what ``call`` returns: tensors or references)."""
+        self.pulled_version[worker] = self.version
+        return self.call("pull", [(worker,)] * self.shards)
+
+    def push(self, worker: int, slices: Sequence, lr: float, message_finite: bool) -> bool:
+        """Apply one message given as its K slices; True when the weights changed."""
+        tau = self.version - self.pulled_version[worker]
+        results = self.call("prepare", [(worker, s, lr, message_finite) for s in slices])
+        if self.synchronous:
+            self.round[worker] = bool(message_finite)
+        return self._commit(results, [(worker, tau)])
+
+    def remove_worker(self, worker: int, lr: float = 0.0) -> bool:
+        self.live.discard(worker)
+        self.round.pop(worker, None)
+        return self._commit(self.call("prepare_removal", [(worker, lr)] * self.shards), [])
+
+    @property
+    def round_open(self) -> bool:
+        return bool(self.round)
+
+    def _commit(self, results: list, records: list) -> bool:
+        if self.synchronous:
+            if not self.live or not self.live.issubset(self.round):
+                records = []
+            else:   # the round closes: every finite member's tau is counted from its own pull
+                records = [(m, self.version - self.pulled_version[m]) for m, ok in sorted(self.round.items()) if ok]
+                self.round.clear()
+        pending = {bool(p) for p, _ in results}
+        if len(pending) != 1:
+            raise RuntimeError(f"the server shards disagree on a pending update: {results}")
+        if not pending.pop():
+            return False
+        applied = self.call("commit", [(all(bool(f) for _, f in results),)] * self.shards)
+        if len(set(applied)) != 1:
+            raise RuntimeError(f"the server shards disagree on an update: {applied}")
+        if applied[0]:
+            for m, tau in records:
+                self.staleness.record(m, tau)
+            self.version += 1
+        return bool(applied[0])
+
+
+def local_shards(server: ParameterServer, shards: int) -> tuple[list[ParameterServer], Call]:
+    """K in-process shard servers holding ``server``'s state, and a ``call`` over them."""
+    n = server.w.numel()
+    bounds = shard_bounds(n, shards)
+    parts = split_state(server.state_dict(), bounds, server.algorithm.per_element_state)
+    servers = []
+    for (a, b), part in zip(bounds, parts):
+        s = ParameterServer(server.algorithm, server.w[a:b], server.num_workers, on_nonfinite=server.on_nonfinite)
+        s.load_state_dict(part)
+        servers.append(s)
+
+    def call(method: str, args: Sequence[tuple]) -> list:
+        return [getattr(s, method)(*a) for s, a in zip(servers, args)]
+    return servers, call
