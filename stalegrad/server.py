@@ -171,29 +171,37 @@ class ParameterServer:
         return bool(self.round)
 
     # ---- checkpoints ------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Everything needed to continue exactly where the server is."""
-        return {
+    def state_dict(self, algorithm_state: bool = True) -> dict:
+        """Everything needed to continue exactly where the server is; without the (large)
+        algorithm state and round buffers when ``algorithm_state`` is False."""
+        sd = {
             "w": self.w, "version": self.version, "pulled_version": list(self.pulled_version),
-            "state": self.state, "live": sorted(self.live), "round": dict(self.round),
+            "live": sorted(self.live),
             "staleness": {"workers": torch.tensor(self.staleness.workers, dtype=torch.int32),
                           "taus": torch.tensor(self.staleness.taus, dtype=torch.int32)},
             "nonfinite_skipped": self.nonfinite_skipped,
         }
+        if algorithm_state:
+            sd.update(state=self.state, round=dict(self.round))
+        return sd
 
-    def load_state_dict(self, sd: dict) -> None:
+    def load_state_dict(self, sd: dict, strict: bool = True) -> None:
+        """Load a ``state_dict``; with ``strict=False`` the parts it lacks (the algorithm state,
+        the round) stay as they are: a runtime that keeps the server elsewhere mirrors it so."""
         if sd["w"].shape != self.w.shape:
             raise ValueError(f"the checkpoint holds {sd['w'].numel()} weights, this model has {self.w.numel()}")
         device = self.w.device
         self.w.copy_(sd["w"])
         self.version = int(sd["version"])
         self.pulled_version = [int(v) for v in sd["pulled_version"]]
-        self.state = to_device(sd["state"], device)
         self.live = set(sd["live"])
-        self.round = {int(m): (None if g is None else g.to(device)) for m, g in sd["round"].items()}
         self.staleness.workers = array("i", sd["staleness"]["workers"].tolist())
         self.staleness.taus = array("i", sd["staleness"]["taus"].tolist())
         self.nonfinite_skipped = int(sd["nonfinite_skipped"])
+        if strict or "state" in sd:
+            self.state = to_device(sd["state"], device)
+        if strict or "round" in sd:
+            self.round = {int(m): (None if g is None else g.to(device)) for m, g in sd["round"].items()}
 
     # ---- internals ------------------------------------------------------------
     def _prepare_round(self, lr: float) -> tuple[bool, bool]:

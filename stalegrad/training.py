@@ -108,6 +108,7 @@ class TrainingRun:
     def after_push(self, samples: int, loss: float, now: float, evaluator: Evaluator | None = None) -> None:
         """Account for one pushed message of ``samples`` samples and mean
         mini-batch ``loss`` at time ``now``; evaluate when an interval is crossed."""
+        due = self.evaluation_due(samples)
         self.samples += samples
         self.virtual_s = now
         if math.isfinite(loss):
@@ -115,8 +116,12 @@ class TrainingRun:
             self._loss_count += 1
         if self._progress is not None:
             self._progress.advance(samples)
-        if self.samples >= self._next_eval and not self.done:
+        if due:
             self.evaluate(evaluator)
+
+    def evaluation_due(self, samples: int) -> bool:
+        after = self.samples + samples
+        return after >= self._next_eval and after < self.sample_budget
 
     def evaluate(self, evaluator: Evaluator | None = None) -> None:
         """Evaluate the server's weights now, or hand ``evaluator`` a snapshot of them

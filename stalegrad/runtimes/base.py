@@ -73,6 +73,11 @@ class Training(Protocol):
         (virtual seconds for a simulator, wall seconds for a real runtime); evaluates when due,
         in this process or through ``evaluator``."""
 
+    def evaluation_due(self, samples: int) -> bool:
+        """Whether ``after_push(samples, ...)`` will evaluate. A runtime that keeps the server's
+        state elsewhere (on Ray actors) brings ``server`` up to date first
+        (``server.load_state_dict(..., strict=False)``)."""
+
     def checkpoint_due(self) -> bool:
         """Whether a periodic checkpoint is due now (after a push)."""
 
