@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .algorithms import Algorithm, make_algorithm
 from .errors import ConfigError, check_finite_positive
+from .models.init import INITS
 
 PARTITIONS = ("shard", "iid")
 ON_NONFINITE = ("skip", "stop")
@@ -39,6 +40,7 @@ class RunConfig:
     device: str = "cpu"
     on_nonfinite: str = "skip"
     checkpoint_every: int = 0
+    init: str = "torch"                  # weight initialisation: torch, glorot-uniform, he-normal (models/init.py)
     extra: dict = field(default_factory=dict)   # recorded in config.json as given (data set, model name, ...)
 
     @classmethod
@@ -74,6 +76,7 @@ class RunConfig:
         milestones = self._milestones()
         _choice("partition", self.partition, PARTITIONS)
         _choice("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
+        _choice("init", self.init, INITS)
         if not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError("seed", f"must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
         if not _is_int(self.checkpoint_every) or self.checkpoint_every < 0:
@@ -129,7 +132,7 @@ class RunConfig:
                 "batch_size": self.batch_size, "lr": self.lr, "lr_milestones": list(self.lr_milestones),
                 "lr_gamma": self.lr_gamma, "eval_every": self.eval_every, "partition": self.partition,
                 "seed": self.seed, "device": self.device, "on_nonfinite": self.on_nonfinite,
-                "checkpoint_every": self.checkpoint_every, **self.extra}
+                "checkpoint_every": self.checkpoint_every, "init": self.init, **self.extra}
 
 
 def default_lr(algorithm: Algorithm) -> float:

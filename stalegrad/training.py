@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .algorithms import Algorithm
 from .config import RunConfig, default_lr  # noqa: F401  (default_lr: part of the API)
 from .errors import ConfigError
+from .models.init import initialise
 from .progress import Progress, make_progress
 from .runtimes.base import Evaluator
 from .schedules import LRSchedule
@@ -264,7 +265,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
 
     The options of the run are those of ``RunConfig`` (``epochs``,
     ``batch_size``, ``lr``, ``lr_milestones``, ``lr_gamma``, ``eval_every``,
-    ``partition``, ``seed``, ``device``, ``on_nonfinite``, ``checkpoint_every``),
+    ``partition``, ``seed``, ``device``, ``on_nonfinite``, ``checkpoint_every``, ``init``),
     given as keywords or as ``config=RunConfig(...)``; ``lr`` defaults to the
     algorithm's (0.1 for server SGD and local SGD, 0.001 for local Adam).
     Every mistake raises ``stalegrad.ConfigError`` before anything runs.
@@ -289,6 +290,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
     torch.manual_seed(config.seed)
     num_classes = int(getattr(train_data, "num_classes", int(train_data.y.max()) + 1))
     module = _resolve_model(model, tuple(train_data.x.shape[1:]), num_classes)
+    untouched = initialise(module, config.init)
     resolved = config.to_dict()
     resolved.update(runtime=runtime.describe(), train_samples=len(train_data.y), test_samples=len(test_data.y))
     saved = None
@@ -300,6 +302,8 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
     try:
         run = TrainingRun(module, train_data, test_data, config, on_eval=on_eval, progress=bar,
                           checkpoint_path=checkpoint_path, resolved=resolved)
+        if untouched:
+            run.note(f"init {config.init}: left these layers as they were built: {', '.join(untouched)}")
         if saved is not None:   # checked before on_start writes anything
             checkpoint.check_matches(resume, saved, run)
             done = int(saved["run"]["progress"]["samples"])

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 
 import stalegrad as sg
 from stalegrad.algorithms import make_algorithm
@@ -127,3 +128,24 @@ def test_progress_is_one_line_per_evaluation_when_not_on_a_terminal(capsys):
     lines = err.splitlines()
     assert "\r" not in err and len(lines) == len(run.metrics)
     assert lines[-1].startswith("asgd x2: epoch 2.00") and "test acc" in lines[-1]
+
+
+def test_init_is_an_option_of_the_run_recorded_and_deterministic():
+    def run(init, model="mlp"):
+        return sg.train(model, TRAIN, TEST, "asgd", 2, batch_size=8, epochs=0.25, seed=5, init=init)
+    a, b, t = run("glorot-uniform"), run("glorot-uniform"), run("torch")
+    assert a.summary["weights_sha256"] == b.summary["weights_sha256"] != t.summary["weights_sha256"]
+    assert a.config["init"] == "glorot-uniform" and t.config["init"] == "torch"
+    with pytest.raises(ConfigError, match="init must be one of torch, glorot-uniform, he-normal, got 'keras'"):
+        run("keras")
+
+    class WithEmbedding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(4, 8)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(x + self.table.weight[:1])
+    res = sg.train(WithEmbedding(), TRAIN, TEST, "asgd", 2, batch_size=8, epochs=0.25, init="he-normal")
+    assert any("init he-normal: left these layers as they were built: table" in n for n in res.summary["notes"])

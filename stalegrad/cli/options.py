@@ -19,7 +19,7 @@ from ..config import ON_NONFINITE, PARTITIONS, RunConfig
 from ..data import DATASETS
 from ..delays import DELAY_MODELS
 from ..errors import ConfigError, UsageError
-from ..models import MODELS
+from ..models import INITS, MODELS
 from ..runtimes import RUNTIMES
 # Run options that are not RunConfig fields: where the data and the model come from, and the CLI's own.
 CLI_ONLY = ("dataset", "model", "hidden", "data_dir", "config_file", "overwrite", "quiet")
@@ -83,6 +83,9 @@ def run_options(f):
         click.option("--dataset", type=click.Choice(DATASETS), default="digits", show_default=True),
         click.option("--model", type=click.Choice(MODELS), default="mlp", show_default=True),
         click.option("--hidden", callback=_csv_ints, default=None, help="mlp hidden sizes, e.g. 256,128"),
+        click.option("--init", type=click.Choice(INITS), default="torch", show_default=True,
+                     help="weight initialisation: torch's defaults, glorot-uniform (Keras, the AGN paper) or "
+                          "he-normal (the ResNet paper); biases zero for the last two"),
         click.option("--epochs", type=float, default=1.0, show_default=True),
         click.option("--batch-size", type=int, default=128, show_default=True),
         click.option("--lr", type=float, default=None,
@@ -101,6 +104,9 @@ def run_options(f):
                      help="sim: deterministic simulator; local: real worker processes on this machine"),
         click.option("--threads-per-worker", type=int, default=None,
                      help="--runtime local: torch threads of each worker process  [default: max(1, cores // M)]"),
+        click.option("--worker-timeout", type=float, default=None,
+                     help="--runtime local: seconds a worker may send nothing while the server waits for it; "
+                          "then it is lost, as a killed one is  [default: 300]"),
         click.option("--record-trace", type=click.Path(dir_okay=False), default=None,
                      help="--runtime local: write the real order of pushes to this CSV "
                           "(replay it with --runtime sim --delay trace:FILE)"),
@@ -198,7 +204,8 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
     return RunConfig(algorithm=algorithm, workers=p["workers"], epochs=p["epochs"], batch_size=p["batch_size"],
                      lr=p["lr"], lr_milestones=p["lr_milestones"] or (), lr_gamma=p["lr_gamma"],
                      eval_every=p["eval_every"], partition=p["partition"], seed=p["seed"], device=p["device"],
-                     on_nonfinite=p["on_nonfinite"], checkpoint_every=p["checkpoint_every"], extra=extra).validate()
+                     on_nonfinite=p["on_nonfinite"], checkpoint_every=p["checkpoint_every"], init=p["init"],
+                     extra=extra).validate()
 
 
 def build_runtime(p: dict):
@@ -209,11 +216,14 @@ def build_runtime(p: dict):
             if p.get(name) != default:
                 raise ConfigError(name, "applies to runtime sim; runtime local measures real delays (record them "
                                         "with --record-trace FILE, replay them with --runtime sim --delay trace:FILE)")
-        return LocalRuntime(threads_per_worker=p.get("threads_per_worker"), record_trace=p.get("record_trace"))
+        timeout = {} if p.get("worker_timeout") is None else {"worker_timeout": p["worker_timeout"]}
+        return LocalRuntime(threads_per_worker=p.get("threads_per_worker"), record_trace=p.get("record_trace"),
+                            **timeout)
     if p.get("record_trace") is not None:
         raise ConfigError("record_trace", "records a real run: use it with runtime local "
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")
-    if p.get("threads_per_worker") is not None:
-        raise ConfigError("threads_per_worker", "applies to runtime local only")
+    for name in ("threads_per_worker", "worker_timeout"):
+        if p.get(name) is not None:
+            raise ConfigError(name, "applies to runtime local only")
     from ..runtimes.sim import Simulator
     return Simulator(delay=p["delay"], step_time=p["step_time"], vectorised=bool(p.get("vectorised")))

@@ -14,8 +14,10 @@ these are conveniences, not a registry that must be extended.
 The networks themselves are in ``zoo.py``; this module holds their names and
 the checks of a model against the data, and imports torch only to build one.
 
-Initialisation uses PyTorch's defaults (Kaiming-normal for ResNet-20 convs,
-as in the paper) and draws from the global RNG, so ``torch.manual_seed``
+The models start from PyTorch's defaults (Kaiming-normal for ResNet-20's
+convs, as in the paper) unless ``initialise`` (``init.py``) re-draws them:
+``--init glorot-uniform`` as Keras did for the AGN paper, ``he-normal`` as the
+ResNet paper did. Every draw comes from the global RNG, so ``torch.manual_seed``
 before ``build_model`` fixes the initial weights. We never seed here: the
 caller owns reproducibility, and seeding inside would silently make every
 run of a sweep start from the same point.
@@ -27,11 +29,12 @@ import math
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import UsageError
+from .init import INITS, initialise
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["MODELS", "ModelError", "ResNet20", "build_model", "count_parameters"]
+__all__ = ["MODELS", "INITS", "ModelError", "ResNet20", "build_model", "count_parameters", "initialise"]
 
 
 MODELS = ("logreg", "mlp", "agn-mlp", "cnn", "resnet20")
