@@ -19,7 +19,7 @@ _WHERE = {
     "train": "training", "TrainResult": "training", "TrainingRun": "training",
     "RunConfig": "config",
     "StalegradError": "errors", "UsageError": "errors", "ConfigError": "errors", "RunError": "errors",
-    "Simulator": "runtimes", "LocalRuntime": "runtimes", "Runtime": "runtimes", "Training": "runtimes",
+    "Simulator": "runtimes", "LocalRuntime": "runtimes", "RayRuntime": "runtimes", "Runtime": "runtimes", "Training": "runtimes",
     "ParameterServer": "server",
     "load_dataset": "data", "load_pair": "data", "Dataset": "data",
     **{name: "algorithms" for name in ("ALGORITHMS", "make_algorithm", "Algorithm", "SGD", "SSGD", "ASGD",

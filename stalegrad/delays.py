@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,26 @@ class Trace(DelayModel):
 
 def _bad(spec: str, problem: str) -> ConfigError:
     return ConfigError("delay", f"{spec!r}: {problem}")
+
+
+TRACE_COLUMNS = ("worker", "pulled", "applied", "wall_s")
+
+
+def write_trace(path: str | Path, rows) -> None:
+    """Write pushes ``(worker, pulled version, applied version, wall seconds)`` as a trace CSV,
+    atomically (a temporary file renamed into place; none is left behind on an OSError)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(TRACE_COLUMNS)
+            for m, pulled, applied, t in rows:
+                out.writerow([m, pulled, applied, f"{t:.6f}"])
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_trace(path: str | Path) -> Trace:

@@ -150,3 +150,23 @@ class RunWriter:
         except OSError as e:
             why = "the run directory was removed" if not self.dir.is_dir() else e.strerror or type(e).__name__
             raise RunError(f"{path}: cannot write it ({why}); the run stopped") from None
+
+
+def check_writable(param: str, path: str | os.PathLike) -> None:
+    """An output file that a run will write at its end can be written: refused before the run
+    (``ConfigError`` naming ``param``) rather than after hours of training."""
+    from .errors import ConfigError
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(param, f"is {str(path)!r}, a directory; give a file name")
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise ConfigError(param, f"is {str(path)!r}, but the directory {parent} does not exist")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise ConfigError(param, f"is {str(path)!r}, which cannot be written ({e.strerror})") from None
+    if not existed:
+        path.unlink(missing_ok=True)

@@ -12,12 +12,12 @@ import importlib
 from ..errors import ConfigError
 from .base import Evaluator, Runtime, Training
 
-RUNTIMES = ("sim", "local")
+RUNTIMES = ("sim", "local", "ray")
 
 
 def __getattr__(name: str):
     # The runtimes import torch: imported on first use (the CLI lists RUNTIMES without them).
-    modules = {"Simulator": ".sim", "LocalRuntime": ".local"}
+    modules = {"Simulator": ".sim", "LocalRuntime": ".local", "RayRuntime": ".ray"}
     if name not in modules:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(modules[name], __name__), name)
@@ -32,6 +32,9 @@ def make_runtime(runtime) -> Runtime:
         if runtime == "local":
             from .local import LocalRuntime
             return LocalRuntime()
+        if runtime == "ray":
+            from .ray import RayRuntime
+            return RayRuntime()
         raise ConfigError("runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if not isinstance(runtime, Runtime):
         raise ConfigError("runtime", f"must be a name or an object with run(training, *, seed, resume) and "
@@ -39,4 +42,4 @@ def make_runtime(runtime) -> Runtime:
     return runtime
 
 
-__all__ = ["Simulator", "LocalRuntime", "make_runtime", "RUNTIMES", "Runtime", "Training", "Evaluator"]
+__all__ = ["Simulator", "LocalRuntime", "RayRuntime", "make_runtime", "RUNTIMES", "Runtime", "Training", "Evaluator"]

@@ -1,0 +1,144 @@
+"""What runs inside the Ray actors: one server shard, one worker.
+
+Both are plain classes (the driver wraps them with ``ray.remote``), so that
+importing this module needs no Ray. Weights and messages cross actor
+boundaries as numpy arrays, which Ray's object store hands to the receiver
+without a copy; state dicts (checkpoints) travel the same way, never as
+pickled torch tensors.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+
+import numpy as np
+import torch
+
+from ...server import ParameterServer
+from ...worker import FlatModel
+
+
+def to_numpy(obj):
+    """The tensors of a nested structure as numpy arrays (CPU), for the object store."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, dict):
+        return {k: to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_numpy(v) for v in obj)
+    return obj
+
+
+def to_torch(obj, device="cpu"):
+    """The inverse of ``to_numpy`` (copies: arrays from the object store are read-only)."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy()).to(device)
+    if isinstance(obj, dict):
+        return {k: to_torch(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_torch(v, device) for v in obj)
+    return obj
+
+
+def _quiet():
+    torch.set_num_threads(1)
+    # torch.from_numpy on the object store's read-only arrays warns; we never write to them
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class ShardActor:
+    """One contiguous slice of the weights, served by a ``ParameterServer`` (see ``sharding.py``)."""
+
+    def __init__(self, algorithm, numel: int, num_workers: int, on_nonfinite: str):
+        # Small arguments only: Ray runs this again when it restarts the actor; the driver then
+        # loads the state of the last checkpoint (``load``).
+        _quiet()
+        self.server = ParameterServer(algorithm, torch.zeros(numel), num_workers, on_nonfinite=on_nonfinite)
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def pull(self, worker: int) -> np.ndarray:
+        return self.server.pull(worker).numpy()
+
+    def prepare(self, worker: int, msg: np.ndarray, lr: float, message_finite: bool) -> tuple[bool, bool]:
+        return self.server.prepare(worker, torch.from_numpy(msg), lr, message_finite)
+
+    def commit(self, apply: bool) -> bool:
+        return self.server.commit(apply)
+
+    def prepare_removal(self, worker: int, lr: float) -> tuple[bool, bool]:
+        return self.server.prepare_removal(worker, lr)
+
+    def state(self, algorithm_state: bool = True) -> dict:
+        return to_numpy(self.server.state_dict(algorithm_state))
+
+    def load(self, state: dict) -> None:
+        self.server.load_state_dict(to_torch(state))
+
+
+class WorkerActor:
+    """Worker m: the same ``Worker`` as every runtime, pulling and pushing numpy slices."""
+
+    def __init__(self, m: int, factory, blob: bytes, x: np.ndarray, y: np.ndarray, w0: np.ndarray,
+                 bounds: list, device: str, threads: int, state: dict | None = None, pool=None):
+        _quiet()
+        torch.set_num_threads(threads)
+        dev = torch.device(device)
+        model = FlatModel(pickle.loads(blob), dev)
+        self.pulled = torch.from_numpy(w0.copy()).to(dev)
+        built = factory.portable(torch.from_numpy(x), torch.from_numpy(y))
+        self.worker = built.build(m, model=model, w0=self.pulled)
+        if state is not None:
+            self.worker.load_state_dict(to_torch(state))
+        if pool is not None:   # a restarted worker keeps the samples its predecessor had
+            self.worker.stream.pool = torch.as_tensor(pool)
+        self.bounds = bounds
+        self.on_cpu = dev.type == "cpu"
+        self.host = self.pulled if self.on_cpu else torch.empty(self.pulled.shape)
+        self.computed = None
+        self.buffers = [b for b in model.module.buffers() if b.is_floating_point()]
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def _load(self, slices) -> None:
+        for (a, b), part in zip(self.bounds, slices):
+            self.host[a:b].copy_(torch.from_numpy(part))
+        if not self.on_cpu:
+            self.pulled.copy_(self.host)
+
+    def _message(self, loss: float) -> tuple:
+        msg = self.worker.message(self.pulled, self.computed)
+        self.computed = None
+        lo, hi = torch.aminmax(msg)
+        finite = bool(torch.isfinite(lo) and torch.isfinite(hi))
+        flat = msg.detach().cpu().numpy()
+        meta = (loss, self.worker.samples_per_message, finite)
+        return (meta, *[flat[a:b] for a, b in self.bounds])
+
+    def step(self, lr: float, *slices) -> tuple:
+        """Pull (the slices), compute, and return (meta, *message slices); meta = (loss, samples, finite)."""
+        self._load(slices)
+        loss, self.computed = self.worker.compute(self.pulled, lr)
+        return self._message(loss)
+
+    def compute(self, lr: float) -> float:
+        """Elastic rules: the local steps first; ``finish`` gets the centre afterwards."""
+        self.loss, self.computed = self.worker.compute(None, lr)
+        return self.loss
+
+    def finish(self, *slices) -> tuple:
+        self._load(slices)
+        return self._message(self.loss)
+
+    def adopt(self, indices: np.ndarray) -> None:
+        self.worker.stream.extend(torch.from_numpy(indices.copy()))
+
+    def state(self) -> dict:
+        return to_numpy(self.worker.state_dict())
+
+    def statistics(self) -> list[np.ndarray]:
+        """The model's floating-point buffers (BatchNorm running statistics)."""
+        return [b.detach().cpu().numpy() for b in self.buffers]
