@@ -29,6 +29,7 @@ import errno
 import fcntl
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from .errors import RunError
@@ -153,20 +154,37 @@ class RunWriter:
 
 
 def check_writable(param: str, path: str | os.PathLike) -> None:
-    """An output file that a run will write at its end can be written: refused before the run
-    (``ConfigError`` naming ``param``) rather than after hours of training."""
+    """Refuse an output file that could not be written at the end of a run: try to write it now.
+
+    Such files (a trace) are written through a temporary file in the same directory; both are
+    created here and removed again (the file only if it did not exist before), so that a missing or
+    read-only directory, /proc, a read-only mount or missing permissions are found before training.
+    ``ConfigError`` names ``param``.
+    """
     from .errors import ConfigError
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(param, f"is {str(path)!r}, a directory; give a file name")
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise ConfigError(param, f"is {str(path)!r}, but the directory {parent} does not exist")
-    existed = path.exists()
+    shown = repr(str(path))
+    target = Path(path)            # as written: a symbolic link is replaced, not followed
+    parent = target.parent
+    created = False
     try:
-        with open(path, "a"):
-            pass
+        if not parent.is_dir():
+            why = "does not exist" if not parent.exists() else "is not a directory"
+            raise ConfigError(param, f"is {shown}, but the directory {os.path.abspath(parent)} {why}")
+        if target.is_dir():
+            raise ConfigError(param, f"is {shown}, but that is a directory; give a file name")
+        existed = target.exists()
+        if existed and not target.is_file():
+            raise ConfigError(param, f"is {shown}, but that is not a regular file (the run replaces it)")
+        with open(target, "a"):   # an existing file is not changed: this appends nothing
+            created = not existed
+        if created:
+            target.unlink()
+            created = False
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".check", dir=parent)
+        os.close(fd)
+        os.unlink(tmp)
     except OSError as e:
-        raise ConfigError(param, f"is {str(path)!r}, which cannot be written ({e.strerror})") from None
-    if not existed:
-        path.unlink(missing_ok=True)
+        if created:   # created, then something else failed
+            target.unlink(missing_ok=True)
+        raise ConfigError(param, f"is {shown}, but the file cannot be written there "
+                                 f"({e.strerror or e})") from None

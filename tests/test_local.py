@@ -1,6 +1,8 @@
 """The local runtime: real worker processes, shared-memory transport, failures, Ctrl-C."""
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +18,9 @@ from stalegrad.algorithms import ALGORITHMS
 from stalegrad.cli import main
 from stalegrad.delays import read_trace
 from stalegrad.runtimes import LocalRuntime, Simulator
-from stalegrad.runtimes.local import WorkerError
+from stalegrad.errors import ConfigError
+from stalegrad.runtimes.local import WorkerError, max_workers
+from stalegrad.runtimes.local.stats import Measurements
 from stalegrad.worker import BatchStream
 
 from helpers import blobs
@@ -214,6 +218,9 @@ def test_cli_local_run_and_replay(tmp_path, capsys):
     (["--record-trace", "t.csv"], "--record-trace records a real run: use it with runtime local"),
     (["--threads-per-worker", "2"], "--threads-per-worker applies to runtime local only"),
     (["--runtime", "local", "--threads-per-worker", "0"], "--threads-per-worker"),
+    (["--worker-timeout", "5"], "--worker-timeout applies to runtime local only"),
+    (["--runtime", "local", "--worker-timeout", "0"], "--worker-timeout must be a finite number > 0, got 0.0"),
+    (["--runtime", "local", "--worker-timeout", "inf"], "--worker-timeout must be a finite number > 0, got inf"),
 ])
 def test_cli_errors(tmp_path, capsys, args, message):
     assert main(["train", *args, "--out", str(tmp_path / "run"), "-q"]) == 2
@@ -292,3 +299,137 @@ def test_checkpoint_and_resume_under_the_local_runtime(tmp_path, monkeypatch):
     steps2 = [w["algorithm"]["opt"]["step"] for w in second["runtime"]["workers"]]
     # the workers went on from their saved Adam state, not from scratch
     assert all(b > a for a, b in zip(steps1, steps2))
+
+
+# ---- an unwritable trace, too many workers, a stopped worker ---------------------------------
+CLI_RUN = ["--workers", "2", "--algo", "asgd", "--dataset", "digits", "--model", "logreg", "--epochs", "1",
+           "--batch-size", "32", "--runtime", "local", "-q"]
+
+
+@pytest.mark.parametrize("where", ["/proc", "a read-only directory"])
+def test_an_unwritable_trace_is_refused_before_training(tmp_path, capsys, where):
+    if where == "/proc":
+        trace = "/proc/t.csv"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root may write into a read-only directory; the /proc case covers an unwritable place")
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        trace = str(ro / "t.csv")
+    out = tmp_path / "run"
+    try:
+        assert main(["train", *CLI_RUN, "--record-trace", trace, "--out", str(out)]) == 2
+    finally:
+        if where != "/proc":
+            (tmp_path / "ro").chmod(0o700)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--record-trace is {trace!r}, but the file cannot be written there" in err
+    assert not out.exists() and not os.path.exists(trace)
+
+
+def test_the_trace_path_is_tried_without_changing_anything(tmp_path):
+    rt = LocalRuntime(record_trace=tmp_path)
+    with pytest.raises(ConfigError, match="record_trace .* is a directory"):
+        sg.train("logreg", TRAIN, TEST, "asgd", 2, rt, epochs=1, batch_size=8)
+    with pytest.raises(ConfigError, match="record_trace .* the directory .* does not exist"):
+        sg.train("logreg", TRAIN, TEST, "asgd", 2, LocalRuntime(record_trace=tmp_path / "no" / "t.csv"))
+    old = tmp_path / "old.csv"
+    old.write_text("an earlier trace\n")
+    LocalRuntime(record_trace=old).check(sg.RunConfig(workers=2).validate())
+    LocalRuntime(record_trace=tmp_path / "new.csv").check(sg.RunConfig(workers=2).validate())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.csv"] and old.read_text() == "an earlier trace\n"
+
+
+def test_a_trace_that_cannot_be_written_at_the_end_costs_only_the_trace(tmp_path, capsys, monkeypatch):
+    def disk_full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(Measurements, "write_trace", disk_full)
+    out, trace = tmp_path / "run", tmp_path / "trace.csv"
+    assert main(["train", *CLI_RUN, "--record-trace", str(trace), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    text = f"the trace could not be written to {trace} (No space left on device)"
+    assert [line for line in err.splitlines() if "warning" in line] == [f"stalegrad: warning: {text}"]
+    summary = json.loads((out / "summary.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert text in summary["notes"] and summary["samples"] >= config["train_samples"] > 0
+    assert (out / "model.pt").exists() and not trace.exists()
+
+
+def test_a_trace_directory_removed_during_the_run_costs_only_the_trace(tmp_path):
+    where = tmp_path / "traces"
+    where.mkdir()
+    res, _ = local("asgd", workers=2, epochs=1, runtime=LocalRuntime(record_trace=where / "t.csv"),
+                   eval_every=0.5, on_eval=lambda record: shutil.rmtree(where, ignore_errors=True))
+    assert any(n.startswith(f"the trace could not be written to {where / 't.csv'}") for n in res.summary["notes"])
+    assert res.summary["samples"] >= len(TRAIN.y) and torch.isfinite(res.weights).all()
+
+
+def test_more_workers_than_the_machine_can_run_are_refused_at_once(tmp_path, capsys):
+    before = set(descendants(os.getpid()))
+    t0 = time.monotonic()
+    code = main(["train", "--runtime", "local", "--workers", "100000", "--out", str(tmp_path / "run"), "-q"])
+    elapsed = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert code == 2 and elapsed < 0.5, (code, elapsed, err)
+    limit, machine = max_workers()
+    assert err.count("\n") == 1 and "--workers is 100000" in err and f"can run at most {limit}" in err
+    assert f"({machine})" in err and "per core" in err and "runtime sim" in err
+    assert 2 <= limit <= 32 * len(os.sched_getaffinity(0))
+    assert set(descendants(os.getpid())) - before == set() and not (tmp_path / "run").exists()
+
+
+def test_worker_timeout_is_checked_and_described():
+    assert LocalRuntime().describe()["worker_timeout"] == 300.0
+    assert LocalRuntime(worker_timeout=2).describe()["worker_timeout"] == 2.0
+    for bad in (0, -1, float("nan"), float("inf"), True, "3"):
+        with pytest.raises(ConfigError, match="worker_timeout must be a finite number > 0"):
+            LocalRuntime(worker_timeout=bad)
+
+
+def test_a_stopped_worker_times_out_and_the_synchronous_run_completes():
+    rt = LocalRuntime(worker_timeout=1.0)
+    stopped = []
+
+    def stop_once(record):
+        if record["epoch"] > 0 and not stopped:
+            stopped.append(rt.pids["workers"][1])
+            os.kill(stopped[0], signal.SIGSTOP)
+
+    try:
+        res, _ = local("ssgd", workers=3, epochs=4, runtime=rt, eval_every=0.25, on_eval=stop_once)
+        assert stopped and gone(stopped) == []   # killed, not left stopped
+    finally:
+        for pid in stopped:
+            if alive(pid):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+    s = res.summary
+    assert s["workers_lost"] == 1 and s["samples"] >= 4 * len(TRAIN.y)
+    note = " ".join(s["notes"])
+    assert "worker 1 lost" in note and "(no message for 1 s)" in note and "goes to workers 0, 2" in note
+    per = [w["updates"] for w in res.staleness["per_worker"]]
+    assert per[0] == per[2] == s["updates"] > per[1] and res.staleness["tau_max"] == 0
+    assert gone(run_pids(rt)) == []
+
+
+class SlowToTrain(nn.Module):
+    """A logistic regression whose training steps take 50 ms each (evaluation is fast)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 3)
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            time.sleep(0.05)
+        return self.linear(x)
+
+
+def test_the_timeout_is_per_message_not_per_run():
+    # Synchronous rounds of 4 local steps (0.2 s each message), a run several times the timeout:
+    # workers parked between rounds, and messages that fit in it, are no timeout.
+    rt = LocalRuntime(worker_timeout=1.0)
+    res = sg.train(SlowToTrain(), TRAIN, TEST, sg.make_algorithm("easgd", window=4), 3, rt, epochs=2, batch_size=8)
+    assert res.summary["workers_lost"] == 0 and res.summary["wall_s"] > 2.5 * rt.worker_timeout
+    assert res.summary["samples"] >= 2 * len(TRAIN.y)

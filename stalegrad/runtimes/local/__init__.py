@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from ...errors import ConfigError
+from ...errors import ConfigError, check_finite_positive
+from ...rundir import check_writable
 from ..base import Training
-from .processes import START_METHODS, check_start_method, cores, default_start_method, default_threads
+from .processes import (START_METHODS, available_memory, check_start_method, cores, default_start_method,
+                        default_threads)
 from .protocol import WorkerError
 from .session import _Session
 
@@ -45,7 +46,10 @@ class LocalRuntime:
     ``threads_per_worker`` (default ``max(1, cores // M)``) is each worker's
     ``torch.set_num_threads``; ``record_trace`` a CSV file for the order of
     pushes (``worker,pulled,applied,wall_s``), which ``--runtime sim --delay
-    trace:FILE`` replays. After a run, ``stats`` holds the measured transport
+    trace:FILE`` replays. ``worker_timeout``: seconds a live worker may send
+    nothing while the server waits for it (its start: at least a minute)
+    before it is treated as lost, as a killed one is; it keeps synchronous
+    rounds from waiting forever for a stopped or hung worker. After a run, ``stats`` holds the measured transport
     figures and ``pids`` the processes it used (a worker's is None if it was
     lost before the checkpoint a run resumed from).
     """
@@ -53,8 +57,10 @@ class LocalRuntime:
     record_trace: str | os.PathLike | None = None
     start_method: str | None = None    # default: forkserver where there is one, else spawn
     stop_timeout: float = 2.0          # seconds a worker gets to finish its message at the end
+    worker_timeout: float = 300.0      # seconds of silence, while awaited, after which a worker is lost
 
     def __post_init__(self):
+        self.worker_timeout = check_finite_positive("worker_timeout", self.worker_timeout)
         t = self.threads_per_worker
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
             raise ConfigError("threads_per_worker", f"must be a positive integer, got {t!r}")
@@ -64,16 +70,15 @@ class LocalRuntime:
 
     def check(self, config) -> None:
         """Refuse options that cannot work for this run (before anything is written)."""
+        check_workers(config.workers)
         if self.record_trace is not None:
-            parent = Path(self.record_trace).resolve().parent
-            if not parent.is_dir():
-                raise ConfigError("record_trace", f"is {str(self.record_trace)!r}, but the directory {parent} "
-                                                  "does not exist")
+            check_writable("record_trace", self.record_trace)
 
     def describe(self) -> dict:
         return {"name": "local", "threads_per_worker": self.threads_per_worker, "cores": cores(),
                 "start_method": self.start_method or default_start_method(),
-                "record_trace": str(self.record_trace) if self.record_trace is not None else None}
+                "record_trace": str(self.record_trace) if self.record_trace is not None else None,
+                "worker_timeout": self.worker_timeout}
 
     def run(self, training: Training, *, seed: int = 0, resume: dict | None = None) -> None:
         """Drive ``training`` to its sample budget with real worker processes; ``resume`` is
@@ -84,4 +89,30 @@ class LocalRuntime:
         _Session(self, training, resume).execute()
 
 
-__all__ = ["LocalRuntime", "WorkerError", "default_threads", "START_METHODS"]
+# What one worker process costs: its own interpreter and PyTorch (about 300 MB resident), and threads.
+WORKERS_PER_CORE = 32
+WORKER_MEMORY = 300 * 2**20
+
+
+def max_workers() -> tuple[int, str]:
+    """The most worker processes this machine can run, and the machine in words (for the message)."""
+    n = cores()
+    limit, machine = WORKERS_PER_CORE * n, f"{n} core{'s' if n != 1 else ''}"
+    memory = available_memory()
+    if memory is not None:
+        limit = min(limit, memory // WORKER_MEMORY)
+        machine += f", {memory / 2**30:.1f} GiB available"
+    return max(2, limit), machine
+
+
+def check_workers(workers: int) -> None:
+    """Refuse more worker processes than this machine can run (before any is started)."""
+    limit, machine = max_workers()
+    if workers > limit:
+        raise ConfigError("workers", f"is {workers}, but the local runtime runs one process per worker and this "
+                                     f"machine ({machine}) can run at most {limit} ({WORKERS_PER_CORE} per core, "
+                                     f"about {WORKER_MEMORY >> 20} MB each); use the simulator (runtime sim) "
+                                     "for more workers")
+
+
+__all__ = ["LocalRuntime", "WorkerError", "default_threads", "max_workers", "START_METHODS"]

@@ -41,6 +41,23 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (Linux's MemAvailable, else the free pages);
+    None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
 def default_start_method() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 

@@ -8,6 +8,11 @@ round at once) and reports its ``Worker.state_dict()``; when every live worker
 has, the run is saved and they go on. At the end of the budget, when the run
 writes checkpoints, the same gathering gives the final checkpoint: messages
 already under way are still applied, no new one starts.
+
+A worker the server waits for (not parked, not held with its state given) that
+has sent nothing for ``worker_timeout`` seconds is lost as a killed one is (a
+stopped or hung one would stall a synchronous round forever); its clock
+restarts at each message it sends or is sent: one healthy message must fit.
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ from .processes import context, default_threads, describe_exit, module_blob
 from .protocol import (ADOPT, ERROR, METERS_WIDTH, OK, PULL, PUSH, READY, RESTORE, STATE, STOP, WEIGHTS, Buffers,
                        WorkerError, shared, zeros)
 from .stats import Measurements
+
+# Seconds a worker gets, at least, to start (import torch, initialise CUDA) before its first message.
+STARTUP_GRACE = 60.0
 
 
 class _Session:
@@ -70,6 +78,7 @@ class _Session:
         if self.bn_model.numel:
             self.bn_model.write(self.bn)
         self.measure = Measurements(M, runtime.record_trace is not None)
+        self.heard = [0.0] * M                    # time.monotonic() of the last message from or to each worker
 
     def now(self) -> float:
         """Wall seconds since the run started (its earlier part too, when resumed)."""
@@ -99,11 +108,22 @@ class _Session:
             finally:
                 torch.set_num_threads(threads)
                 if self.rt.record_trace is not None:
-                    self.measure.write_trace(self.rt.record_trace)
+                    self.write_trace()
         if self.bn_model.numel:   # the workers' running statistics, for the final evaluation and model.pt
             self.bn_model.read(self.bn)
         self.rt.stats = stats = self.measure.collect(self.meters, self.server.w.numel(), self.threads, self.lost)
         training.note(workers_lost=self.lost, threads_per_worker=self.threads, transport=stats["transport"])
+
+    def write_trace(self) -> None:
+        """The order of pushes into ``record_trace``; if that fails now (disk full, directory removed),
+        the run loses the trace only: a note and a warning, and its results are still written."""
+        path = self.rt.record_trace
+        try:
+            self.measure.write_trace(path)
+        except OSError as e:
+            text = f"the trace could not be written to {path} ({e.strerror or e})"
+            self.training.note(text)
+            print(f"stalegrad: warning: {text}", file=sys.stderr, flush=True)
 
     def start(self) -> None:
         training, M = self.training, self.M
@@ -128,6 +148,7 @@ class _Session:
                                      self.bn, self.meters[m], child))
             self.procs[m], self.conns[m] = proc, parent
             proc.start()
+            self.heard[m] = time.monotonic()
             child.close()
             self.live.add(m)
             self.rt.pids["workers"][m] = proc.pid
@@ -177,7 +198,7 @@ class _Session:
             if ev.alive:
                 handles[ev.conn] = ("eval", None)
                 handles[ev.proc.sentinel] = ("eval_exit", None)
-            for obj in wait(list(handles), timeout=0.25):
+            for obj in wait(list(handles), timeout=min(0.25, self.rt.worker_timeout / 4)):
                 kind, m = handles[obj]
                 if until():
                     break
@@ -193,7 +214,30 @@ class _Session:
                     ev.on_ready()
                 elif kind == "eval_exit" and ev.alive and not ev.conn.poll():
                     ev.lost(describe_exit(ev.proc))
+            if not until():
+                self.check_timeouts()
             self.measure.sample(self.now(), self.meters)
+
+    def awaited(self, m: int) -> bool:
+        """Whether the server waits for a message from worker m (else m waits for the server)."""
+        return m in self.live and m not in self.parked and m not in self.states
+
+    def check_timeouts(self) -> None:
+        """Lose every awaited worker that has sent nothing for ``worker_timeout`` seconds
+        (``STARTUP_GRACE`` at least before its first message) and is still alive."""
+        limit, now = self.rt.worker_timeout, time.monotonic()
+        for m in sorted(self.live):
+            if not self.awaited(m):   # (lose() below may release or hold the others)
+                continue
+            allowed = limit if m in self.measure.ready_at else max(limit, STARTUP_GRACE)
+            if now - self.heard[m] <= allowed:
+                continue
+            try:
+                if self.conns[m].poll() or self.procs[m].exitcode is not None:
+                    continue   # its message or its exit waits to be handled (the server was busy)
+            except (OSError, EOFError):
+                continue
+            self.lose(m, f"no message for {allowed:g} s")
 
     def on_message(self, m: int) -> None:
         try:
@@ -201,6 +245,7 @@ class _Session:
         except (EOFError, ConnectionError):
             self.lose(m, describe_exit(self.procs[m]))
             return
+        self.heard[m] = time.monotonic()
         kind = msg[0]
         t0 = time.perf_counter()
         training = self.training
@@ -314,6 +359,7 @@ class _Session:
             while self.adopt[m]:
                 self.conns[m].send((ADOPT, self.adopt[m].pop(0)))
             self.conns[m].send(msg)
+            self.heard[m] = time.monotonic()   # what it owes the server next is timed from now
         except (OSError, ValueError):
             if lose:
                 self.lose(m, describe_exit(self.procs[m]))

@@ -8,12 +8,11 @@ trace:FILE`` replays.
 """
 from __future__ import annotations
 
-import csv
 import os
-from pathlib import Path
 
 from torch import Tensor
 
+from ...delays import write_trace
 from .protocol import PULL_RING, PUSH_RING, STEPS, latencies
 
 SAMPLE_EVERY = 0.2   # seconds between two points of the timeline
@@ -68,17 +67,10 @@ class Measurements:
         }
 
     def write_trace(self, path: str | os.PathLike) -> None:
-        """The order of pushes as CSV (``worker,pulled,applied,wall_s``), written atomically."""
-        if self.trace is None:
-            return
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
-            out = csv.writer(f)
-            out.writerow(["worker", "pulled", "applied", "wall_s"])
-            for m, pulled, applied, t in self.trace:
-                out.writerow([m, pulled, applied, f"{t:.6f}"])
-        os.replace(tmp, path)
+        """The order of pushes as a trace CSV (``delays.write_trace``: atomic, no temporary file
+        left behind on an ``OSError``)."""
+        if self.trace is not None:
+            write_trace(path, self.trace)
 
 
 def quantile_ms(values: list[float], q: float) -> float | None:
