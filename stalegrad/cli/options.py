@@ -101,14 +101,23 @@ def run_options(f):
                      help="--runtime sim: compute the gradients of waiting workers in one batched call "
                           "(gradient algorithms; see docs/performance.md)"),
         click.option("--runtime", type=click.Choice(RUNTIMES), default="sim", show_default=True,
-                     help="sim: deterministic simulator; local: real worker processes on this machine"),
+                     help="sim: deterministic simulator; local: real worker processes on this machine; "
+                          "ray: worker and server actors on a Ray cluster (docs/cluster.md)"),
+        click.option("--address", default=None,
+                     help="--runtime ray: 'auto' or HOST:PORT of a running Ray cluster  [default: start a local one]"),
+        click.option("--ps-shards", type=int, default=1, show_default=True,
+                     help="--runtime ray: server actors, each owning one slice of the weights"),
+        click.option("--cpus-per-worker", type=float, default=1.0, show_default=True,
+                     help="--runtime ray: CPUs each worker actor asks Ray for (and its torch threads)"),
+        click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
+                     help="--runtime ray: GPUs each worker actor asks Ray for (fractions share a GPU)"),
         click.option("--threads-per-worker", type=int, default=None,
                      help="--runtime local: torch threads of each worker process  [default: max(1, cores // M)]"),
         click.option("--worker-timeout", type=float, default=None,
                      help="--runtime local: seconds a worker may send nothing while the server waits for it; "
                           "then it is lost, as a killed one is  [default: 300]"),
         click.option("--record-trace", type=click.Path(dir_okay=False), default=None,
-                     help="--runtime local: write the real order of pushes to this CSV "
+                     help="--runtime local or ray: write the real order of pushes to this CSV "
                           "(replay it with --runtime sim --delay trace:FILE)"),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N"),
         click.option("--seed", type=int, default=0, show_default=True),
@@ -208,22 +217,39 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
                      extra=extra).validate()
 
 
+SIM_ONLY = (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False))
+LOCAL_ONLY = ("threads_per_worker", "worker_timeout")
+RAY_ONLY = (("address", None), ("ps_shards", 1), ("cpus_per_worker", 1.0), ("gpus_per_worker", 0.0))
+
+
 def build_runtime(p: dict):
-    """The runtime that --runtime names, with its options (flags of the other runtime are refused)."""
-    if p["runtime"] == "local":
+    """The runtime that --runtime names, with its options (flags of another runtime are refused)."""
+    runtime = p["runtime"]
+    if runtime != "sim":
+        for name, default in SIM_ONLY:
+            if p.get(name, default) != default:
+                raise ConfigError(name, f"applies to runtime sim; runtime {runtime} measures real delays (record "
+                                        "them with --record-trace FILE, replay them with --runtime sim --delay trace:FILE)")
+    if runtime != "local":
+        for name in LOCAL_ONLY:
+            if p.get(name) is not None:
+                raise ConfigError(name, "applies to runtime local only")
+    if runtime != "ray":
+        for name, default in RAY_ONLY:
+            if p.get(name, default) != default:
+                raise ConfigError(name, "applies to runtime ray only")
+    if runtime == "local":
         from ..runtimes.local import LocalRuntime
-        for name, default in (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False)):
-            if p.get(name) != default:
-                raise ConfigError(name, "applies to runtime sim; runtime local measures real delays (record them "
-                                        "with --record-trace FILE, replay them with --runtime sim --delay trace:FILE)")
         timeout = {} if p.get("worker_timeout") is None else {"worker_timeout": p["worker_timeout"]}
         return LocalRuntime(threads_per_worker=p.get("threads_per_worker"), record_trace=p.get("record_trace"),
                             **timeout)
+    if runtime == "ray":
+        from ..runtimes.ray import RayRuntime
+        return RayRuntime(address=p.get("address"), ps_shards=p.get("ps_shards", 1),
+                          cpus_per_worker=p.get("cpus_per_worker", 1.0), gpus_per_worker=p.get("gpus_per_worker", 0.0),
+                          record_trace=p.get("record_trace"))
     if p.get("record_trace") is not None:
-        raise ConfigError("record_trace", "records a real run: use it with runtime local "
+        raise ConfigError("record_trace", "records a real run: use it with runtime local or ray "
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")
-    for name in ("threads_per_worker", "worker_timeout"):
-        if p.get(name) is not None:
-            raise ConfigError(name, "applies to runtime local only")
     from ..runtimes.sim import Simulator
     return Simulator(delay=p["delay"], step_time=p["step_time"], vectorised=bool(p.get("vectorised")))
