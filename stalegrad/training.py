@@ -185,7 +185,7 @@ class TrainingRun:
             "progress": {"samples": self.samples, "virtual_s": self.virtual_s, "metrics": self.metrics,
                          "notes": self.notes, "next_eval": self._next_eval, "loss_sum": self._loss_sum,
                          "loss_count": self._loss_count, "wall_s": self.wall_s(),
-                         "next_checkpoint": self._next_checkpoint},
+                         "next_checkpoint": self._next_checkpoint, "sample_budget": self.sample_budget},
             "buffers": dict(self.model.module.named_buffers()),
             "torch_rng": torch.get_rng_state(),
         }
@@ -306,7 +306,9 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
             run.note(f"init {config.init}: left these layers as they were built: {', '.join(untouched)}")
         if saved is not None:   # checked before on_start writes anything
             checkpoint.check_matches(resume, saved, run)
-            done = int(saved["run"]["progress"]["samples"])
+            # A real runtime may end a few messages past its budget: what counts is the budget it had.
+            progress = saved["run"]["progress"]
+            done = int(progress.get("sample_budget", progress["samples"]))
             if done > run.sample_budget:
                 raise ConfigError("epochs", f"is {config.epochs:g}, but the run to resume has already trained "
                                             f"{done / run.num_samples:.4g} epochs; give at least that many "

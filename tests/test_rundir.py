@@ -185,3 +185,22 @@ def test_writer_refuses_a_file_in_the_way(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(OutputError, match="exists and is not a directory"):
         RunWriter(tmp_path / "f")
+
+
+def test_resuming_a_finished_local_run_keeps_its_final_weights(tmp_path, capsys):
+    out = tmp_path / "R"
+    args = ["train", "--runtime", "local", "--dataset", "synthetic", "--model", "logreg", "--workers", "2",
+            "--epochs", "0.5", "--checkpoint-every", "4", "--quiet", "--out", out]
+    assert cli(capsys, *args)[0] == 0
+    before = json.loads((out / "summary.json").read_text())
+    code, _, err = cli(capsys, "train", "--resume", out)          # nothing left to train
+    assert code == 0, err
+    after = json.loads((out / "summary.json").read_text())
+    assert after["weights_sha256"] == before["weights_sha256"] and after["updates"] == before["updates"]
+
+
+def test_a_trace_with_only_a_header_says_so(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("worker,pulled,applied,wall_s\n")
+    code, _, err = cli(capsys, "train", *RUN, "--delay", f"trace:{trace}", "--out", tmp_path / "R")
+    assert code == 2 and "the trace has a header but no pushes" in err and "no 'worker' column" not in err
