@@ -14,13 +14,24 @@ The same ``Worker`` and ``ParameterServer`` as every runtime, on Ray actors:
 Weights and messages travel as numpy arrays through Ray's object store: a
 pull is K slices that the worker receives without a copy by the driver, a
 push K slices that the shards receive the same way. Without ``address`` a
-local Ray instance starts (bound to loopback); ``address="auto"`` or
-``"HOST:PORT"`` joins a running cluster. Ray is an optional extra:
-``pip install 'stalegrad[ray]'``.
+new local Ray instance starts (bound to loopback; never one found through
+``RAY_ADDRESS`` or ``ray start``), and it is shut down at the end, also on
+Ctrl-C or an error; ``address="auto"`` or ``"HOST:PORT"`` joins a running
+cluster. A Ray already initialised in this process (``ray.init`` by the
+caller) is used as it is and left running; the run's actors are killed either
+way. Ray is an optional extra: ``pip install 'stalegrad[ray]'``.
+
+Placement: ``worker_resources`` and ``shard_resources`` (e.g. ``{"gpu_box": 1}``)
+are custom Ray resources that each worker actor, respectively each server
+shard, requests on top of its CPUs and GPUs, so that they land on the nodes
+that offer them (``ray start --resources '{"gpu_box": 4}'``). Without
+``shard_resources`` the shards (0 CPUs) go wherever Ray puts them.
 """
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from dataclasses import dataclass
 
 from ...errors import ConfigError, check_finite_positive
@@ -48,6 +59,8 @@ class RayRuntime:
     record_trace: str | os.PathLike | None = None
     max_restarts: int = 3              # how often Ray restarts a dead server shard
     restart_timeout: float = 30.0      # seconds to wait for a restarted actor before giving up on it
+    worker_resources: dict | None = None   # custom Ray resources each worker actor requests (placement)
+    shard_resources: dict | None = None    # custom Ray resources each server shard requests (placement)
 
     def __post_init__(self):
         if not isinstance(self.ps_shards, int) or isinstance(self.ps_shards, bool) or self.ps_shards < 1:
@@ -59,6 +72,17 @@ class RayRuntime:
             raise ConfigError("max_restarts", f"must be a non-negative integer, got {self.max_restarts!r}")
         if self.address is not None and not isinstance(self.address, str):
             raise ConfigError("address", f"must be 'auto' or HOST:PORT, got {self.address!r}")
+        for name in ("worker_resources", "shard_resources"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, dict) or not all(
+                    isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                    for k, v in value.items()):
+                raise ConfigError(name, f"must map Ray resource names to positive amounts, got {value!r}")
+            if {"CPU", "GPU"} & set(value):
+                raise ConfigError(name, "names custom resources only; CPUs and GPUs are cpus_per_worker "
+                                        "and gpus_per_worker")
         self.stats: dict = {}
 
     def check(self, config) -> None:
@@ -71,9 +95,18 @@ class RayRuntime:
             check_writable("record_trace", self.record_trace)
 
     def describe(self) -> dict:
-        return {"name": "ray", "address": self.address, "ps_shards": self.ps_shards,
-                "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus_per_worker,
-                "record_trace": str(self.record_trace) if self.record_trace is not None else None}
+        out = {"name": "ray", "address": self.address, "ps_shards": self.ps_shards,
+               "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus_per_worker,
+               "record_trace": str(self.record_trace) if self.record_trace is not None else None}
+        for name in ("worker_resources", "shard_resources"):   # only when given: placement is rarely set
+            if getattr(self, name):
+                out[name] = dict(getattr(self, name))
+        return out
+
+    def make_driver(self, training: Training, resume: dict | None):
+        """The driver of one run (``driver.Driver``); a subclass may return its own."""
+        from .driver import Driver
+        return Driver(self, training, resume)
 
     def run(self, training: Training, *, seed: int = 0, resume: dict | None = None) -> None:
         """Drive ``training`` to its sample budget on Ray; ``resume`` is the state it last saved."""
@@ -81,22 +114,57 @@ class RayRuntime:
         if resume is not None and resume.get("kind") != "ray":
             raise ConfigError("runtime", "is ray, but the checkpoint was made by another runtime; "
                                          "resume it with that runtime")
-        from .driver import Driver
-        started = False
-        if not ray.is_initialized():
-            kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-            if self.address is None:
-                kwargs["num_cpus"] = max(os.cpu_count() or 1, int(self.cpus_per_worker * training.server.num_workers))
-            ray.init(address=self.address, **kwargs)
-            started = True
-        driver = Driver(self, training, resume)
-        try:
-            driver.start()
-            driver.run()
-        finally:
+        started, driver = False, None
+        with _interruptible():
+            try:
+                if not ray.is_initialized():
+                    kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+                    if self.address is None:
+                        kwargs["num_cpus"] = max(os.cpu_count() or 1,
+                                                 int(self.cpus_per_worker * training.server.num_workers))
+                    started = True
+                    # "local": a new instance, never one that RAY_ADDRESS or `ray start` points at
+                    ray.init(address="local" if self.address is None else self.address, **kwargs)
+                driver = self.make_driver(training, resume)
+                driver.start()
+                driver.run()
+            finally:
+                _cleanup(ray, driver, started)
+
+
+class _interruptible:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt in the driver while a run is on, so that the run's
+    ``finally`` kills its actors and shuts down the Ray it started. Python's own handler does that
+    already; SIG_DFL (an embedding host's, or one reset by a parent) would kill the driver on the
+    spot, so it is replaced while the run is on. SIG_IGN (a shell's background job) and a handler
+    of the caller's are left as they are."""
+
+    def __enter__(self):
+        self.replaced = threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, None)
+        if self.replaced:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.replaced:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        return False
+
+
+def _cleanup(ray, driver, started: bool) -> None:
+    """Kill the run's actors and shut down a Ray that this run started; a second Ctrl-C during
+    this waits for it to finish rather than leave processes behind."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        if driver is not None:
             driver.stop()
-            if started:
-                ray.shutdown()
+        if started:   # (also after a failed ray.init: it may have started processes)
+            ray.shutdown()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 __all__ = ["RayRuntime", "ray_module", "INSTALL"]

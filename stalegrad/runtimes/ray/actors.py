@@ -47,35 +47,53 @@ def _quiet():
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
+class ShardRestarted(RuntimeError):
+    """A call reached a shard that Ray restarted and the driver has not loaded yet."""
+
+
 class ShardActor:
-    """One contiguous slice of the weights, served by a ``ParameterServer`` (see ``sharding.py``)."""
+    """One contiguous slice of the weights, served by a ``ParameterServer`` (see ``sharding.py``).
+
+    A shard serves nothing until the driver has loaded its state (``load``): after Ray restarts a
+    dead shard, every call but ``ping`` and ``load`` raises ``ShardRestarted``, so that the
+    driver notices even when the restart was quicker than its next call, and never mixes a
+    fresh shard's zeros with the others' weights.
+    """
 
     def __init__(self, algorithm, numel: int, num_workers: int, on_nonfinite: str):
         # Small arguments only: Ray runs this again when it restarts the actor; the driver then
         # loads the state of the last checkpoint (``load``).
         _quiet()
         self.server = ParameterServer(algorithm, torch.zeros(numel), num_workers, on_nonfinite=on_nonfinite)
+        self.loaded = False
 
-    def ping(self) -> int:
-        return os.getpid()
+    def ping(self) -> tuple[int, bool]:
+        """(process id, whether the shard holds the driver's state)."""
+        return os.getpid(), self.loaded
+
+    def _serving(self) -> ParameterServer:
+        if not self.loaded:
+            raise ShardRestarted("this server shard was restarted and holds no state yet")
+        return self.server
 
     def pull(self, worker: int) -> np.ndarray:
-        return self.server.pull(worker).numpy()
+        return self._serving().pull(worker).numpy()
 
     def prepare(self, worker: int, msg: np.ndarray, lr: float, message_finite: bool) -> tuple[bool, bool]:
-        return self.server.prepare(worker, torch.from_numpy(msg), lr, message_finite)
+        return self._serving().prepare(worker, torch.from_numpy(msg), lr, message_finite)
 
     def commit(self, apply: bool) -> bool:
-        return self.server.commit(apply)
+        return self._serving().commit(apply)
 
     def prepare_removal(self, worker: int, lr: float) -> tuple[bool, bool]:
-        return self.server.prepare_removal(worker, lr)
+        return self._serving().prepare_removal(worker, lr)
 
     def state(self, algorithm_state: bool = True) -> dict:
-        return to_numpy(self.server.state_dict(algorithm_state))
+        return to_numpy(self._serving().state_dict(algorithm_state))
 
     def load(self, state: dict) -> None:
         self.server.load_state_dict(to_torch(state))
+        self.loaded = True
 
 
 class WorkerActor:

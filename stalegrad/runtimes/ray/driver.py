@@ -8,10 +8,21 @@
 The training run (``Training``) stays in the driver. Its ``server`` is brought
 up to date from the shards before an evaluation, a checkpoint and at the end
 (``load_state_dict``, without the algorithm state for an evaluation).
+The elastic rules (``pull_before_compute`` false) exchange with the centre
+atomically: the driver pulls the centre for worker m only when m's local steps
+are done and pushes m's message before any other, as the simulator does, so
+that a recorded trace replays exactly (tau is 0 for them, as there).
+
+Once the budget is spent no worker starts again; the messages still running
+are pushed only when the run writes checkpoints (the final checkpoint must hold
+workers between two messages), else dropped, as the local runtime does.
+
 Faults: a worker actor that dies is restarted once if the cluster has room
 within ``restart_timeout`` seconds, else dropped and its samples given to the
 survivors; a shard that dies is restarted by Ray (``max_restarts``) and the
-shards go back to the last checkpoint's server state, held in the driver.
+shards go back to the last checkpoint's server state, held in the driver
+(``actors.ShardActor`` refuses every call until the driver has loaded it, so a
+restart is noticed however quick it was).
 """
 from __future__ import annotations
 
@@ -24,11 +35,16 @@ from ...delays import write_trace
 from ...errors import RunError
 from ...server import NonFiniteError
 from ...sharding import ShardedServer, merge_states, shard_bounds, split_state
-from .actors import ShardActor, WorkerActor, to_numpy, to_torch
+from .actors import ShardActor, ShardRestarted, WorkerActor, to_numpy, to_torch
 
 
 class ShardLost(Exception):
     pass
+
+
+def _restarted(e: BaseException) -> bool:
+    """Whether a Ray task error comes from a shard that was restarted (``ShardRestarted``)."""
+    return isinstance(e, ShardRestarted) or isinstance(getattr(e, "cause", None), ShardRestarted)
 
 
 class Driver:
@@ -44,13 +60,14 @@ class Driver:
         self.bounds = shard_bounds(n, self.K)
         self.resume = resume
         self.t0 = time.perf_counter() - (float(resume["now"]) if resume else 0.0)
-        self.futures: dict = {}          # object ref of a worker's meta -> (worker, message slice refs)
+        # object ref of a worker's meta -> (worker, message slice refs, kind, the pulled slices' refs)
+        self.futures: dict = {}
         self.parked: list[int] = []
         self.live: set[int] = set(range(self.M))
         self.lost, self.updates_lost, self.pushes = 0, 0, [0] * self.M
         self.push_s: list[float] = []
         self.trace = [] if runtime.record_trace is not None else None
-        self.snapshot: list[dict] | None = None   # the shards' state at the last checkpoint
+        self.snapshot: list[dict] | None = None   # the shards' state at the last checkpoint (or the resumed one)
         self.pools = [self.factory.stream(m).pool for m in range(self.M)]
         if resume:
             self.pools = [torch.as_tensor(s["stream"]["pool"]) if s is not None else None for s in resume["workers"]]
@@ -62,14 +79,21 @@ class Driver:
         per_element = self.algo.per_element_state
         parts = split_state(self.server.state_dict(), self.bounds, per_element)
         shard_cls = ray.remote(num_cpus=0, max_restarts=rt.max_restarts, max_task_retries=0)(ShardActor)
+        if rt.shard_resources:
+            shard_cls = shard_cls.options(resources=dict(rt.shard_resources))
         self.shards = [shard_cls.remote(self.algo, b - a, self.M, self.server.on_nonfinite) for a, b in self.bounds]
-        self.ray.get([s.load.remote(to_numpy(p)) for s, p in zip(self.shards, parts)])
+        parts = [to_numpy(p) for p in parts]
+        self.ray.get([s.load.remote(p) for s, p in zip(self.shards, parts)])
+        if self.resume:   # the resumed state is a checkpoint: a shard that dies goes back to it
+            self.snapshot = parts
         self.sharded = ShardedServer(self._call, self.K, self.M, self.algo.synchronous)
         self.sharded.version = self.server.version
         self.sharded.pulled_version = list(self.server.pulled_version)
         self.sharded.live = set(self.server.live) & self.live
         self.worker_cls = ray.remote(num_cpus=rt.cpus_per_worker, num_gpus=rt.gpus_per_worker,
                                      max_restarts=0)(WorkerActor)
+        if rt.worker_resources:
+            self.worker_cls = self.worker_cls.options(resources=dict(rt.worker_resources))
         from ..local.processes import module_blob
         self.blob = module_blob(self.factory.model.module)
         self.x = ray.put(self.factory.x.cpu().numpy())
@@ -79,7 +103,7 @@ class Driver:
         self.actors = {}
         states = self.resume["workers"] if self.resume else [None] * self.M
         for m in sorted(self.live):
-            self.actors[m] = self._new_worker(m, states[m])
+            self.actors[m] = self._new_worker(m, to_numpy(states[m]))
         ray.get([s.ping.remote() for s in self.shards] + [a.ping.remote() for a in self.actors.values()])
 
     def _new_worker(self, m: int, state=None, pool=None):
@@ -107,47 +131,86 @@ class Driver:
         except self.ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, NonFiniteError):
                 raise NonFiniteError(str(e.cause)) from None
+            if _restarted(e):
+                raise ShardLost from None
             raise
         except self.ray.exceptions.RayActorError:
             raise ShardLost from None
 
+    def shards_lost(self) -> bool:
+        """Whether a shard died or was restarted (a worker's failed task may be a shard's failed pull)."""
+        try:
+            answers = self.ray.get([s.ping.remote() for s in self.shards], timeout=self.rt.restart_timeout)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
+            return True
+        return not all(loaded for _, loaded in answers)
+
     def launch(self, m: int) -> None:
         actor, lr = self.actors[m], self.training.lr
         if self.algo.pull_before_compute:
-            refs = actor.step.options(num_returns=1 + self.K).remote(lr, *self.sharded.pull(m))
-            self.futures[refs[0]] = (m, refs[1:], "step")
+            pulled = self.sharded.pull(m)
+            refs = actor.step.options(num_returns=1 + self.K).remote(lr, *pulled)
+            self.futures[refs[0]] = (m, refs[1:], "step", pulled)
         else:
             ref = actor.compute.remote(lr)
-            self.futures[ref] = (m, None, "compute")
+            self.futures[ref] = (m, [], "compute", [])
+
+    def settle(self, refs: list, timeout: float | None = None) -> None:
+        """Fetch (and drop) the results of abandoned refs: a failed one never fetched makes Ray
+        print an "Unhandled error" with its traceback when it is freed, for a fault already handled."""
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        for r in ready:
+            try:
+                self.ray.get(r)
+            except Exception:
+                pass
 
     # ---- the loop -------------------------------------------------------------------
     def run(self) -> None:
         training = self.training
-        for m in sorted(self.live):
-            self.launch(m)
+        if not training.done:
+            for m in sorted(self.live):
+                self.launch(m)
         while not training.done:
             if not self.futures:
                 raise RunError(f"all {self.M} workers were lost; see the notes above")
-            ready, _ = self.ray.wait(list(self.futures), num_returns=1)
-            m, slices, kind = self.futures.pop(ready[0])
             try:
-                meta = self.ray.get(ready[0])
-            except self.ray.exceptions.RayActorError:
-                self.replace_worker(m)
-                continue
-            except self.ray.exceptions.RayTaskError as e:
-                raise RunError(f"worker {m} failed: {str(e.cause).splitlines()[0] if e.cause else e}") from None
-            if kind == "compute":     # elastic rules: the centre after the local steps
-                refs = self.actors[m].finish.options(num_returns=1 + self.K).remote(*self.sharded.pull(m))
-                self.futures[refs[0]] = (m, refs[1:], "finish")
-                continue
-            try:
-                self.on_message(m, meta, slices)
+                m, meta, slices = self.next_message()
+                if meta is not None:
+                    self.on_message(m, meta, slices)
             except ShardLost:
                 self.restore_shards()
         self.finish()
 
-    def on_message(self, m: int, meta: tuple, slices: list) -> None:
+    def next_message(self, launch: bool = True):
+        """Wait for whichever worker finishes first: (worker, meta, message slices); meta is None when
+        that worker died (it was replaced or dropped; ``launch``: a replacement starts at once)."""
+        ray = self.ray
+        ready, _ = ray.wait(list(self.futures), num_returns=1)
+        m, slices, kind, pulled = self.futures.pop(ready[0])
+        refs = [ready[0], *slices, *pulled]
+        try:
+            meta = ray.get(ready[0])
+            if kind == "compute":   # elastic rules: exchange with the centre now, before any other push
+                pulled = self.sharded.pull(m)
+                finished = self.actors[m].finish.options(num_returns=1 + self.K).remote(*pulled)
+                refs = [*finished, *pulled]
+                meta, slices = ray.get(finished[0]), finished[1:]
+        except ray.exceptions.RayActorError:
+            self.settle(refs, timeout=1.0)
+            if self.shards_lost():    # a failed pull, not the worker
+                raise ShardLost from None
+            self.replace_worker(m, launch=launch)
+            return m, None, None
+        except ray.exceptions.RayTaskError as e:
+            self.settle(refs, timeout=1.0)
+            if _restarted(e):
+                raise ShardLost from None
+            raise RunError(f"worker {m} failed: {str(e.cause).splitlines()[0] if e.cause else e}") from None
+        return m, meta, slices
+
+    def push(self, m: int, meta: tuple, slices: list) -> None:
+        """Push worker m's message to the shards, record it and account for it (evaluating when due)."""
         loss, samples, finite = meta
         training, sharded = self.training, self.sharded
         now = time.perf_counter() - self.t0
@@ -155,18 +218,25 @@ class Driver:
         t = time.perf_counter()
         sharded.push(m, slices, training.lr, finite)
         self.push_s.append(time.perf_counter() - t)
+        self.server.version = sharded.version   # the training run's clock: checkpoint_due() reads it
         self.pushes[m] += 1
         if self.trace is not None:
             self.trace.append((m, pulled, version, now))
         if training.evaluation_due(samples):
             self.sync(algorithm_state=False)
         training.after_push(samples, loss, now)
+
+    def on_message(self, m: int, meta: tuple, slices: list) -> None:
+        training = self.training
+        self.push(m, meta, slices)
         if training.checkpoint_due() and not training.done:
             self.checkpoint(also_running=m)
             return
         self.continue_after_push(m)
 
     def continue_after_push(self, m: int) -> None:
+        if self.training.done:     # the budget is spent: nobody starts again
+            return
         if not self.algo.synchronous:
             self.launch(m)
             return
@@ -196,45 +266,38 @@ class Driver:
         """Let every running message finish and be pushed; the workers it frees, to start again."""
         freed = []
         while self.futures:
-            ready, _ = self.ray.wait(list(self.futures), num_returns=1)
-            m, slices, kind = self.futures.pop(ready[0])
-            try:
-                meta = self.ray.get(ready[0])
-            except self.ray.exceptions.RayActorError:
-                self.replace_worker(m, launch=False)
-                freed.append(m)
-                continue
-            if kind == "compute":
-                refs = self.actors[m].finish.options(num_returns=1 + self.K).remote(*self.sharded.pull(m))
-                self.futures[refs[0]] = (m, refs[1:], "finish")
-                continue
-            loss, samples, finite = meta
-            self.sharded.push(m, slices, self.training.lr, finite)
-            self.pushes[m] += 1
-            self.training.after_push(samples, loss, time.perf_counter() - self.t0)
-            freed.append(m)
+            m, meta, slices = self.next_message(launch=False)
+            if meta is not None:
+                self.push(m, meta, slices)
+            freed.append(m)          # (a worker that died: its replacement, if any)
         return freed
+
+    def running(self, m: int) -> bool:
+        return any(entry[0] == m for entry in self.futures.values())
 
     def checkpoint(self, also_running: int | None = None) -> None:
         """A consistent cut: no message in flight, every worker between two messages."""
         freed = self.drain() + ([also_running] if also_running is not None else [])
         self.snapshot = self.sync(algorithm_state=True)
-        names = sorted(self.actors)
-        states = dict(zip(names, self.ray.get([self.actors[m].state.remote() for m in names])))
-        workers = [states.get(m) for m in range(self.M)]
-        self.training.save_checkpoint({"kind": "ray", "now": time.perf_counter() - self.t0, "workers": workers})
+        self.save()
         if self.training.done:
             return
-        if self.algo.synchronous:
-            self.parked = [p for p in self.parked if p in self.live]
-            if not self.sharded.round_open:
-                self.parked = []
-                freed = sorted(self.live)
+        if self.algo.synchronous:   # the round's members wait for it to close; the others owe it a message
+            self.parked = [p for p in sorted(self.live) if p in self.sharded.round]
+            freed = [p for p in self.live if p not in self.sharded.round]
         for m in sorted(set(freed)):
-            if m in self.live and (not self.algo.synchronous or not self.sharded.round_open):
+            if m in self.live and not self.running(m):
                 self.launch(m)
 
-    def restore_shards(self) -> None:
+    def save(self) -> None:
+        """Save a checkpoint with every worker's state (as tensors: a checkpoint is loaded with
+        ``torch.load(weights_only=True)``, which refuses numpy arrays)."""
+        names = sorted(self.actors)
+        states = dict(zip(names, self.ray.get([self.actors[m].state.remote() for m in names])))
+        workers = [to_torch(states[m]) if m in states else None for m in range(self.M)]
+        self.training.save_checkpoint({"kind": "ray", "now": time.perf_counter() - self.t0, "workers": workers})
+
+    def restore_shards(self, launch: bool = True) -> None:
         """A shard died: Ray restarts it; every shard goes back to the last checkpoint."""
         if self.snapshot is None:
             raise RunError("a parameter-server shard died and the run has no checkpoint to restore it from; "
@@ -255,13 +318,22 @@ class Driver:
         self.sharded.version = int(first["version"])
         self.sharded.pulled_version = [int(v) for v in first["pulled_version"]]
         self.sharded.round = {}
+        self.sharded.live = {int(m) for m in first["live"]}
+        for m in sorted(self.sharded.live - self.live):   # lost since the checkpoint: lost again
+            self.sharded.remove_worker(m, self.training.lr)
+        self.server.version = self.sharded.version
         self.updates_lost += before - self.sharded.version
         self.note(f"a parameter-server shard died at update {before}; the server went back to the checkpoint "
                   f"at update {self.sharded.version} ({before - self.sharded.version} updates lost)")
-        self.futures.clear()      # messages computed on weights the server no longer has
+        # messages computed on weights the server no longer has (fetched, so that Ray does not
+        # report their errors as unhandled)
+        self.settle([r for ref, (_, slices, _, pulled) in self.futures.items() for r in (ref, *slices, *pulled)],
+                    timeout=self.rt.restart_timeout)
+        self.futures.clear()
         self.parked = []
-        for m in sorted(self.live):
-            self.launch(m)
+        if launch and not self.training.done:
+            for m in sorted(self.live):
+                self.launch(m)
 
     def replace_worker(self, m: int, launch: bool = True) -> None:
         """Worker m died (or its node): a new actor if the cluster has room, else its samples to the others."""
@@ -271,8 +343,7 @@ class Driver:
             self.ray.get(actor.ping.remote(), timeout=self.rt.restart_timeout)
             self.actors[m] = actor
             self.note(f"worker {m} died at update {self.sharded.version}; a new one took its place")
-            if launch:
-                self.sharded.pull(m)
+            if launch and not self.training.done:   # (a synchronous round waits for its message too)
                 self.launch(m)
             return
         except (self.ray.exceptions.GetTimeoutError, self.ray.exceptions.RayActorError):
@@ -280,7 +351,8 @@ class Driver:
         self.live.discard(m)
         del self.actors[m]
         self.lost += 1
-        self.sharded.remove_worker(m, self.training.lr)
+        self.sharded.remove_worker(m, self.training.lr)   # (may close a synchronous round)
+        self.server.version = self.sharded.version
         survivors = sorted(self.live)
         text = f"worker {m} lost at update {self.sharded.version} and not replaced (no room in the cluster)"
         if survivors and self.factory.partition == "shard":
@@ -300,13 +372,16 @@ class Driver:
         print(f"stalegrad: {text}", file=sys.stderr, flush=True)
 
     def finish(self) -> None:
-        self.drain()
+        if self.training.checkpoint_every:   # the final checkpoint holds every worker between two messages
+            try:
+                self.drain()
+            except ShardLost:
+                self.restore_shards(launch=False)
+        else:                                # messages that started before the budget was spent: dropped
+            self.futures.clear()
         self.sync(algorithm_state=True)
         if self.training.checkpoint_every:
-            names = sorted(self.actors)
-            states = dict(zip(names, self.ray.get([self.actors[m].state.remote() for m in names])))
-            self.training.save_checkpoint({"kind": "ray", "now": time.perf_counter() - self.t0,
-                                           "workers": [states.get(m) for m in range(self.M)]})
+            self.save()
         if self.trace is not None:
             try:
                 write_trace(self.rt.record_trace, self.trace)

@@ -1,0 +1,226 @@
+"""Faults under the Ray runtime: Ctrl-C on the driver, a worker's node lost, a server shard killed.
+
+Ctrl-C runs a driver in a subprocess with a Ray of its own. The other two run on a
+``ray.cluster_utils.Cluster`` (several Ray nodes on this machine), started once for the module
+after any other Ray session of this process is shut down.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'stalegrad[ray]'); "
+                                        "the Ray runtime's tests need it")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import stalegrad as sg  # noqa: E402
+from stalegrad.runtimes import RayRuntime  # noqa: E402
+
+from helpers import blobs  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process checks read /proc")
+
+TRAIN, TEST = blobs(n=512, seed=0), blobs(n=128, seed=1)
+RAY_PROCESSES = "raylet|gcs_server|ray::"
+
+
+def pgrep(pattern: str) -> set[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()} - {os.getpid()}
+
+
+def parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def left(pids, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+# ---- Ctrl-C ------------------------------------------------------------------------------------
+DRIVER = textwrap.dedent("""
+    import signal, sys
+    sys.path.insert(0, "tests")
+    if sys.argv[1] == "SIG_DFL":   # as an embedding host may leave it: Ctrl-C would kill the driver at once
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    import stalegrad as sg
+    from helpers import blobs
+
+    def started(record):
+        if record["epoch"] > 0:
+            print("training", flush=True)
+    try:
+        sg.train("mlp", blobs(seed=0), blobs(n=128, seed=1), "asgd", 2, sg.RayRuntime(), epochs=100000,
+                 batch_size=8, eval_every=0.5, on_eval=started)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+""")
+
+
+@pytest.mark.parametrize("handler", ["python", "SIG_DFL"])
+def test_ctrl_c_on_the_driver_leaves_no_process_and_no_shared_memory(handler):
+    ray_before, shm_before = pgrep(RAY_PROCESSES), set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, handler], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).resolve().parents[1], env={**os.environ, "RAY_ADDRESS": ""})
+    try:
+        assert proc.stdout.readline().strip() == "training", proc.stderr.read()   # a run under way
+        kids = descendants(proc.pid)   # gcs_server, raylet and, below it, the actors' workers
+        assert pgrep(RAY_PROCESSES) - ray_before and set(kids) & pgrep(RAY_PROCESSES)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and took < 30, err
+    assert "Traceback" not in err and err.splitlines()[-1] == "interrupted", err
+    # ours, and at most one line of Ray's own at start-up (e.g. its token-authentication notice)
+    assert len([line for line in err.splitlines() if line.strip()]) <= 2, err
+    assert left(kids, timeout=10) == []
+    # Ray processes that started meanwhile and were orphaned (a Ray of another test, running now,
+    # has a live parent: not ours)
+    new = pgrep(RAY_PROCESSES) - ray_before
+    assert left([p for p in new if p in kids or parent(p) in (0, 1, None)], timeout=10) == []
+    ours = {proc.pid, *kids}
+    shm = [n for n in set(os.listdir("/dev/shm")) - shm_before
+           if "ray" in n or "plasma" in n or any(str(p) in n for p in ours)]
+    assert shm == []
+
+
+# ---- a Ray cluster of several nodes on this machine -----------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    if ray.is_initialized():
+        ray.shutdown()
+    # the head runs the server shards ("ps") and one worker ("wk"); each added node one more worker
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"ps": 1, "wk": 1},
+                                                      "include_dashboard": False})
+    try:
+        ray.init(address=c.address, log_to_driver=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+PLACED = dict(worker_resources={"wk": 1}, shard_resources={"ps": 0.01})
+
+
+def cluster_train(rt, algo="asgd", epochs=4.0, **kw):
+    return sg.train("logreg", TRAIN, TEST, algo, 2, rt, epochs=epochs, batch_size=8, eval_every=0.25, **kw)
+
+
+@pytest.mark.parametrize("room", [False, True], ids=["lost", "replaced"])
+def test_a_worker_node_dies_mid_run_and_the_run_completes(cluster, room):
+    node_b = cluster.add_node(num_cpus=1, resources={"wk": 1})
+    killed = []
+
+    def kill_node_b(record):
+        if record["epoch"] >= 1 and not killed:
+            killed.append(record["samples"])
+            cluster.remove_node(node_b)
+            if room:   # another node offers a worker's place: the lost worker is replaced there
+                cluster.add_node(num_cpus=1, resources={"wk": 1})
+
+    rt = RayRuntime(restart_timeout=20.0 if room else 2.0, **PLACED)
+    try:
+        res = cluster_train(rt, on_eval=kill_node_b)
+    finally:
+        for node in list(cluster.worker_nodes):
+            cluster.remove_node(node)
+    s = res.summary
+    assert killed and s["samples"] >= 4 * len(TRAIN.y) and torch.isfinite(res.weights).all()
+    notes = " ".join(s["notes"])
+    per = [w["updates"] for w in res.staleness["per_worker"]]
+    if room:
+        assert s["workers_lost"] == 0 and "a new one took its place" in notes, notes
+        assert all(n > 0 for n in per)
+    else:
+        assert s["workers_lost"] == 1 and "not replaced (no room in the cluster)" in notes, notes
+        lost = int(notes.split("worker ")[1].split()[0])
+        assert f"samples now go to workers {1 - lost}" in notes
+        assert per[1 - lost] > per[lost]   # the survivor went on alone
+    assert s["final_test_acc"] > 0.9
+
+
+class Exposed(RayRuntime):
+    def make_driver(self, training, resume):
+        self.driver = super().make_driver(training, resume)
+        return self.driver
+
+
+def test_a_killed_server_shard_is_restarted_and_restored_from_the_checkpoint(cluster, tmp_path):
+    path = tmp_path / "ck.pt"
+    rt = Exposed(ps_shards=2, shard_resources=PLACED["shard_resources"])   # both workers fit on the head
+    seen = {}
+
+    def kill_a_shard(record):
+        d = getattr(rt, "driver", None)   # (none yet at the evaluation of epoch 0)
+        if seen or d is None or d.snapshot is None or d.sharded.version - int(d.snapshot[0]["version"]) < 3:
+            return
+        seen["checkpoint"] = int(torch.load(path, weights_only=True)["run"]["server"]["version"])
+        seen["kill"] = d.sharded.version
+        shard = d.shards[1]
+        pid, _ = ray.get(shard.ping.remote())
+        ray.kill(shard, no_restart=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:   # until Ray has restarted it (a new, empty shard)
+            try:
+                new_pid, loaded = ray.get(shard.ping.remote(), timeout=30)
+                if new_pid != pid and not loaded:
+                    break
+            except ray.exceptions.RayActorError:
+                time.sleep(0.1)
+        seen["restarted"] = new_pid != pid
+
+    res = cluster_train(rt, epochs=3.0, checkpoint_every=10, checkpoint_path=path, on_eval=kill_a_shard)
+    s = res.summary
+    assert seen and seen["restarted"] and seen["kill"] > seen["checkpoint"]
+    assert seen["checkpoint"] % 10 < 2   # due every 10 updates (and the other worker's message drained)
+    assert s["updates_lost"] == seen["kill"] - seen["checkpoint"] > 0
+    assert f"went back to the checkpoint at update {seen['checkpoint']}" in " ".join(s["notes"])
+    assert s["samples"] >= 3 * len(TRAIN.y) and torch.isfinite(res.weights).all()
+    last = torch.load(path, weights_only=True)
+    assert last["run"]["server"]["version"] == s["updates"]
+    assert s["final_test_acc"] > 0.9
