@@ -88,6 +88,27 @@ def transport_cost(numel: int, repeats: int = 20) -> dict:
             "push_ms_median": 1000 * common.median(pushes), "bytes_per_message": 2 * 4 * numel}
 
 
+def apply_cost(numel: int, repeats: int = 10) -> dict:
+    """Milliseconds of one ParameterServer.push at ``numel`` parameters, one thread (a shard's)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = {}
+    try:
+        for rule in ("asgd", "dcasgd-a", "agn"):
+            server = sg.ParameterServer(sg.make_algorithm(rule), torch.zeros(numel), 2)
+            msg = torch.full((numel,), 1e-3)
+            times = []
+            for _ in range(repeats):
+                server.pull(0)
+                t = time.perf_counter()
+                server.push(0, msg, 0.1)
+                times.append(time.perf_counter() - t)
+            out[rule] = 1000 * common.median(times)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=float, default=1.0)
@@ -109,6 +130,7 @@ def main() -> None:
                          f"{on_ray['samples_per_s']:.0f}", f"{ratio:.2f} {common.verdict(ratio >= 0.8)}",
                          f"{on_ray['transport']['push_ms_median']:.1f}"])
         cost = transport_cost(4_798_010)
+        cost["apply_ms_median"] = apply_cost(4_798_010)
     finally:
         ray.shutdown()
     payload = {"command": " ".join([".venv/bin/python", "benchmarks/bench_ray.py", *sys.argv[1:]]),
@@ -118,7 +140,8 @@ def main() -> None:
     print(common.table(["configuration", "local samples/s", "ray samples/s", "ray / local (>=0.8)",
                         "ray push ms (median)"], rows))
     print(f"\none update through Ray at {cost['parameters']:,} parameters: pull {cost['pull_ms_median']:.1f} ms, "
-          f"push {cost['push_ms_median']:.1f} ms, {cost['bytes_per_message'] / 2**20:.1f} MiB of weights moved")
+          f"push {cost['push_ms_median']:.1f} ms, {cost['bytes_per_message'] / 2**20:.1f} MiB of weights moved; "
+          "server apply (1 thread): " + ", ".join(f"{k} {v:.1f} ms" for k, v in cost["apply_ms_median"].items()))
     print(f"data {name}; load average {load_before} -> {payload['load_after']} -> {path}")
 
 
