@@ -1,4 +1,5 @@
-"""Small data sets the tests share."""
+"""Small data sets and process helpers the tests share."""
+import os
 from types import SimpleNamespace
 
 import torch
@@ -20,3 +21,50 @@ TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
 def write_trace(path, rows):
     """A delay trace file (``--delay trace:PATH``) of ``(worker, pulled, applied, wall_s)`` rows."""
     path.write_text("worker,pulled,applied,wall_s\n" + "".join(f"{w},{p},{a},{t}\n" for w, p, a, t in rows))
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class Stop(Exception):
+    """Raised by ``stop_after_first_checkpoint`` runtimes."""
+
+
+def stop_after_first_checkpoint(runtime_cls):
+    """A subclass of ``runtime_cls`` whose run raises ``Stop`` right after its first checkpoint
+    is written: an interruption at a known point, for resume tests."""
+    class StopAfterFirstCheckpoint(runtime_cls):
+        def run(self, training, *, seed, resume=None):
+            save = training.save_checkpoint
+
+            def save_then_stop(state):
+                save(state)
+                raise Stop
+            training.save_checkpoint = save_then_stop
+            super().run(training, seed=seed, resume=resume)
+    return StopAfterFirstCheckpoint

@@ -23,7 +23,7 @@ from stalegrad.runtimes.local import WorkerError, max_workers
 from stalegrad.runtimes.local.stats import Measurements
 from stalegrad.worker import BatchStream
 
-from helpers import blobs
+from helpers import alive, blobs, descendants
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process checks read /proc")
 
@@ -35,32 +35,6 @@ def local(algo="asgd", workers=2, epochs=1.0, batch_size=8, runtime=None, model=
     rt = runtime or LocalRuntime()
     res = sg.train(model, TRAIN, TEST, algo, workers, rt, epochs=epochs, batch_size=batch_size, **kw)
     return res, rt
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def gone(pids, timeout=5.0) -> list[int]:

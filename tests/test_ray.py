@@ -23,7 +23,7 @@ from stalegrad.errors import ConfigError  # noqa: E402
 from stalegrad.runtimes import RayRuntime, Simulator  # noqa: E402
 from stalegrad.runtimes.ray.driver import Driver  # noqa: E402
 
-from helpers import TEST, TRAIN  # noqa: E402
+from helpers import TEST, TRAIN, Stop, stop_after_first_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -112,19 +112,7 @@ def test_an_asynchronous_run_really_interleaves_and_its_trace_is_exact(tmp_path)
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
-class Stop(Exception):
-    pass
-
-
-class StopAfterFirstCheckpoint(RayRuntime):
-    def run(self, training, *, seed, resume=None):
-        save = training.save_checkpoint
-
-        def save_then_stop(state):
-            save(state)
-            raise Stop
-        training.save_checkpoint = save_then_stop
-        super().run(training, seed=seed, resume=resume)
+StopAfterFirstCheckpoint = stop_after_first_checkpoint(RayRuntime)
 
 
 def test_a_ray_run_stopped_after_a_checkpoint_resumes_to_its_budget(tmp_path):

@@ -16,7 +16,7 @@ from stalegrad.runtimes import Runtime, Simulator, Training
 from stalegrad.runtimes.base import Training as TrainingProtocol
 from stalegrad.training import TrainingRun
 
-from helpers import blobs
+from helpers import Stop, blobs, stop_after_first_checkpoint
 
 TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
 CONTRACT = {"server", "worker_factory", "test_data", "lr", "done", "after_push", "evaluation_due", "checkpoint_due",
@@ -110,21 +110,8 @@ def test_a_third_runtime_checkpoints_and_resumes_through_the_contract(tmp_path, 
     full = train(RoundRobin(), name)
     path = tmp_path / "ck.pt"
 
-    class Stop(Exception):
-        pass
-
-    class StopAfterFirstCheckpoint(RoundRobin):
-        def run(self, training, *, seed, resume=None):
-            save = training.save_checkpoint
-
-            def save_then_stop(state):
-                save(state)
-                raise Stop
-            training.save_checkpoint = save_then_stop
-            super().run(training, seed=seed, resume=resume)
-
     with pytest.raises(Stop):
-        train(StopAfterFirstCheckpoint(), name, checkpoint_every=5, checkpoint_path=path)
+        train(stop_after_first_checkpoint(RoundRobin)(), name, checkpoint_every=5, checkpoint_path=path)
     resumed = train(RoundRobin(), name, checkpoint_every=5, checkpoint_path=path, resume=path)
     assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
     assert resumed.update_log() == full.update_log()
