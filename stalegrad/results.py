@@ -32,6 +32,7 @@ def atomic_open(path: str | os.PathLike):
     """A binary file that replaces ``path`` only once it is completely written."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_umask())   # mkstemp makes it 0600; a result is as readable as any new file
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -42,6 +43,12 @@ def atomic_open(path: str | os.PathLike):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write(path: Path, data: bytes) -> None:

@@ -204,3 +204,10 @@ def test_a_trace_with_only_a_header_says_so(tmp_path, capsys):
     trace.write_text("worker,pulled,applied,wall_s\n")
     code, _, err = cli(capsys, "train", *RUN, "--delay", f"trace:{trace}", "--out", tmp_path / "R")
     assert code == 2 and "the trace has a header but no pushes" in err and "no 'worker' column" not in err
+
+
+def test_run_files_are_as_readable_as_any_new_file(finished):
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in FILES:
+        assert (finished / name).stat().st_mode & 0o777 == 0o666 & ~mask, name

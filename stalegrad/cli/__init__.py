@@ -1,4 +1,4 @@
-"""The ``stalegrad`` command line: train, compare, plot, algorithms, data fetch.
+"""The ``stalegrad`` command line: train, compare, grid, report, plot, algorithms, data fetch.
 
 Every user mistake ends in one line on stderr, ``stalegrad: error: ...``, and
 exit code 2, before anything is written; a run that fails ends the same way
@@ -13,6 +13,7 @@ import click
 
 from ..errors import ConfigError, StalegradError
 from .options import flag_of
+from .report import report
 from .run import compare, train
 from .tools import algorithms, data, plot
 
@@ -23,7 +24,7 @@ def cli():
     """Asynchronous data-parallel training with staleness-aware optimizers (DC-ASGD, AGN, and baselines)."""
 
 
-for command in (train, compare, plot, algorithms, data):
+for command in (train, compare, report, plot, algorithms, data):
     cli.add_command(command)
 
 

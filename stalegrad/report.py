@@ -1,0 +1,360 @@
+"""The report over many run directories: which algorithm, under which staleness, reaches which
+accuracy, how fast, over seeds.
+
+Runs that differ only by their seed form a *group*; every figure of a group is the mean and the
+sample standard deviation over its seeds, with their number. ``write_report`` writes ``report.md``,
+``report.json`` (strict JSON) and the PNG plots of ``report_plots.py`` into one directory.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from .errors import UsageError
+from .metrics import temporal_efficiency
+from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
+from .results import atomic_write, read_run, write_json
+
+# Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
+IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace")
+VARIANTS = ("central", "workers")
+WINDOW_S = 5.0          # the workers variant: training accuracy averaged over windows of real time
+TARGET_FRACTION = 0.9   # default target: 0.9 x the best group's mean best test accuracy
+TIMES = ("wall_s", "virtual_s", "samples")
+_MISSING = object()
+
+
+class ReportError(UsageError):
+    """Run directories that cannot be reported on (one-line message)."""
+
+
+# ---------------------------------------------------------------- loading and grouping
+
+def find_runs(paths) -> list[Path]:
+    """Every run directory in ``paths``: each is a run directory or holds some at any depth."""
+    found: list[Path] = []
+    seen: set[Path] = set()
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise ReportError(f"{p}: no such directory")
+        if (p / "summary.json").exists():
+            inner = [p]
+        else:
+            inner = sorted(s.parent for s in p.rglob("summary.json"))
+            if not inner:
+                raise ReportError(f"{p}: not a stalegrad run directory, and holds none (no summary.json at any depth)")
+        for d in inner:
+            if d.resolve() not in seen:
+                seen.add(d.resolve())
+                found.append(d)
+    if not found:
+        raise ReportError("no run directory given")
+    return found
+
+
+def _hashable(v):
+    if isinstance(v, list | tuple):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    return v
+
+
+def flat_config(cfg: dict) -> tuple[dict, set]:
+    """config.json as one flat dict (``algo``, its parameters, ``runtime``, ``delay``, ...), and the
+    names that are the algorithm's parameters."""
+    out, algo_keys = {}, set()
+    for k, v in cfg.items():
+        if k not in ("algorithm", "runtime") or not isinstance(v, dict):
+            out[k] = _hashable(v)
+    for part in ("algorithm", "runtime"):
+        for k, v in (cfg.get(part) or {}).items():
+            name = ("algo" if part == "algorithm" else "runtime") if k == "name" else k
+            if name in out:
+                name = f"{part}.{k}"
+            out[name] = _hashable(v)
+            if part == "algorithm":
+                algo_keys.add(name)
+    return out, algo_keys
+
+
+def load_runs(paths) -> list[dict]:
+    runs = []
+    for d in find_runs(paths):
+        run = read_run(d)
+        try:
+            run["flat"], run["algo_keys"] = flat_config(run["config"])
+            run["seed"], run["algo"] = run["flat"]["seed"], run["flat"]["algo"]
+        except (KeyError, AttributeError, TypeError):
+            raise ReportError(f"{d}: config.json is not a stalegrad run configuration (no seed or algorithm)") from None
+        runs.append(run)
+    return runs
+
+
+def group_runs(runs: list[dict]) -> tuple[list[dict], dict, list[str]]:
+    """Groups of runs that differ only by seed, in a stable order; the axes that vary between groups
+    (name -> sorted values); notes on runs left out."""
+    from .algorithms import ALGORITHMS
+    by_key: dict = {}
+    notes = []
+    for run in runs:
+        key = tuple(sorted(((k, v) for k, v in run["flat"].items() if k not in IGNORED), key=lambda kv: kv[0]))
+        g = by_key.setdefault(key, {"key": dict(key), "algo": run["algo"], "algo_keys": run["algo_keys"], "runs": []})
+        twin = next((r for r in g["runs"] if r["seed"] == run["seed"]), None)
+        if twin is not None:
+            notes.append(f"left out {run['dir']}: a second run of seed {run['seed']} of the same configuration "
+                         f"as {twin['dir']}")
+            continue
+        g["runs"].append(run)
+    groups = list(by_key.values())
+    values: dict = {}
+    for g in groups:
+        for k, v in g["key"].items():
+            values.setdefault(k, set()).add(v)
+    algo_rank = {a: i for i, a in enumerate(ALGORITHMS)}
+    first = ("algo", "workers", "window", "lr", "delay")
+    axes = {k: sorted(values[k], key=lambda v: (algo_rank.get(v, len(algo_rank)), v) if k == "algo" else order(v))
+            for k in sorted(values, key=lambda k: (first.index(k) if k in first else len(first), k))
+            if len(values[k]) > 1}
+    groups.sort(key=lambda g: (algo_rank.get(g["algo"], len(algo_rank)), g["algo"],
+                               *(order(g["key"].get(a)) for a in axes)))
+    labels = set()
+    for g in groups:
+        g["runs"].sort(key=lambda r: order(r["seed"]))
+        label = " ".join([g["algo"]] + [f"{a}={fmt_value(g['key'][a])}" for a in axes if a != "algo" and a in g["key"]])
+        while label in labels:
+            label += "'"
+        labels.add(label)
+        g["label"] = label
+    return groups, axes, notes
+
+
+# ---------------------------------------------------------------- statistics over seeds
+
+def _finite(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def stat(values) -> dict:
+    """Mean, sample standard deviation (n - 1) and number of the finite values (NaN where undefined)."""
+    v = [float(x) for x in values if _finite(x)]
+    return {"mean": statistics.fmean(v) if v else math.nan, "std": statistics.stdev(v) if len(v) > 1 else math.nan,
+            "n": len(v)}
+
+
+# ---------------------------------------------------------------- curves: time to target, temporal efficiency
+
+def time_to_target(metrics: list[dict], target: float) -> dict | None:
+    """Wall seconds, virtual seconds and samples at which test accuracy first reaches ``target``,
+    interpolated linearly between the two evaluations around it; None if it never does."""
+    prev = None
+    for m in metrics:
+        acc = m.get("test_acc")
+        if not _finite(acc):
+            continue
+        if acc >= target:
+            if prev is None:
+                return {k: m[k] for k in TIMES}
+            frac = (target - prev["test_acc"]) / (acc - prev["test_acc"])
+            return {k: prev[k] + frac * (m[k] - prev[k]) for k in TIMES}
+        prev = m
+    return None
+
+
+def central_curve(metrics: list[dict]):
+    """The central model's test accuracy over virtual time."""
+    pts = [(m["virtual_s"], m["test_acc"]) for m in metrics
+           if _finite(m.get("test_acc")) and _finite(m.get("virtual_s"))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def workers_curve(metrics: list[dict], window: float = WINDOW_S):
+    """The workers' mini-batch training accuracy (``train_acc``) over real time, averaged in windows of
+    ``window`` seconds (weighted by the samples each value covers); one point per window, at its middle."""
+    sums: dict[int, list[float]] = {}
+    prev = 0
+    for m in metrics:
+        samples = m.get("samples") or 0
+        weight, prev = samples - prev, samples
+        if _finite(m.get("train_acc")) and _finite(m.get("wall_s")) and weight > 0:
+            s = sums.setdefault(int(m["wall_s"] // window), [0.0, 0.0])
+            s[0] += weight * m["train_acc"]
+            s[1] += weight
+    ks = sorted(sums)
+    return [(k + 0.5) * window for k in ks], [sums[k][0] / sums[k][1] for k in ks]
+
+
+def logs_train_acc(run: dict) -> bool:
+    return any(_finite(m.get("train_acc")) for m in run["metrics"])
+
+
+def _context(g: dict, drop_workers: bool) -> dict:
+    """A group's settings apart from its algorithm (and the worker count, against a one-worker baseline)."""
+    return {k: v for k, v in g["key"].items()
+            if k != "algo" and k not in g["algo_keys"] and not (drop_workers and k == "workers")}
+
+
+def baseline_for(g: dict, candidates: list[dict]) -> tuple[dict, list[str]]:
+    """The baseline group with the same settings as ``g`` (the closest one if none has them all),
+    and the settings in which they differ."""
+    best = None
+    for i, b in enumerate(candidates):
+        drop = b["key"].get("workers") == 1
+        ca, cb = _context(g, drop), _context(b, drop)
+        diff = sorted(k for k in ca.keys() | cb.keys() if ca.get(k, _MISSING) != cb.get(k, _MISSING))
+        rank = (len(diff), b is not g, i)
+        if best is None or rank < best[0]:
+            best = (rank, b, diff)
+    return best[1], best[2]
+
+
+def efficiencies(g: dict, base: dict, curve) -> dict:
+    """E(run, baseline run of the same seed) for each seed of ``g`` that the baseline group has."""
+    by_seed = {r["seed"]: r for r in base["runs"]}
+    return {r["seed"]: temporal_efficiency(curve(r["metrics"]), curve(by_seed[r["seed"]]["metrics"]))
+            for r in g["runs"] if r["seed"] in by_seed}
+
+
+# ---------------------------------------------------------------- the analysis
+
+def _lr_sweeps(groups: list[dict], axes: dict) -> dict:
+    """Per algorithm and other settings: the best learning rate of the sweep, and the shared one."""
+    if "lr" not in axes:
+        return {"shared_lr": None, "rows": [], "why_none": "every run used one learning rate"}
+    lrs_of: dict = {}
+    for g in groups:
+        lrs_of.setdefault(g["algo"], set()).add(g["key"]["lr"])
+    shared = set.intersection(*lrs_of.values())
+    best_acc = {id(g): g["best_test_acc"]["mean"] for g in groups}
+    shared_lr = max(sorted(shared), key=lambda lr: statistics.fmean(
+        [best_acc[id(g)] for g in groups if g["key"]["lr"] == lr and math.isfinite(best_acc[id(g)])] or [-1.0]),
+        default=None)
+    sweeps: dict = {}
+    for g in groups:
+        rest = tuple((a, g["key"].get(a)) for a in axes if a not in ("lr", "algo"))
+        sweeps.setdefault((g["algo"], rest), []).append(g)
+    rows = []
+    for (algo, rest), gs in sweeps.items():
+        if len(gs) < 2:
+            continue
+        best = max(gs, key=lambda g: best_acc[id(g)] if math.isfinite(best_acc[id(g)]) else -1.0)
+        at_shared = next((g for g in gs if g["key"]["lr"] == shared_lr), None)
+        rows.append({"setting": " ".join([algo] + [f"{a}={fmt_value(v)}" for a, v in rest if v is not None]),
+                     "lrs": [g["key"]["lr"] for g in gs], "best_lr": best["key"]["lr"], "best_group": best["label"],
+                     "best_test_acc": best["best_test_acc"], "final_test_acc": best["final_test_acc"],
+                     "shared_lr_test_acc": at_shared["best_test_acc"] if at_shared else None,
+                     "shared_lr_final_acc": at_shared["final_test_acc"] if at_shared else None})
+    why = "" if rows else "no algorithm was run with more than one learning rate under the same other settings"
+    return {"shared_lr": shared_lr, "rows": rows, "why_none": why}
+
+
+def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=None) -> tuple[dict, list, tuple]:
+    """Everything in report.json, the groups (with their runs), and the heat map's axes."""
+    if variant not in VARIANTS:
+        raise ReportError(f"--variant {variant!r}: choose one of {', '.join(VARIANTS)}")
+    if target is not None and not (_finite(target) and 0 < target <= 1):
+        raise ReportError(f"--target must be an accuracy in (0, 1], got {target!r}")
+    runs = load_runs(run_dirs)
+    groups, axes, notes = group_runs(runs)
+    algos = list(dict.fromkeys(g["algo"] for g in groups))
+    if baseline is not None and baseline not in algos:
+        raise ReportError(f"--baseline {baseline!r}: no run of that algorithm; the runs have {', '.join(algos)}")
+    heat_axes, heat_why = choose_heatmap_axes(axes, heatmap)
+    base_default = baseline is None
+    baseline = baseline or ("sgd" if "sgd" in algos else algos[0])
+
+    for g in groups:
+        rs = g["runs"]
+        for k in ("final_test_acc", "best_test_acc", "tau_mean", "tau_max", "nonfinite_skipped"):
+            g[k] = stat(r["summary"].get(k) for r in rs)
+        g["diverged"] = [str(r["dir"]) for r in rs
+                         if r["summary"].get("diverged") or not _finite(r["summary"].get("final_test_loss"))]
+    best_group = max(groups, key=lambda g: g["best_test_acc"]["mean"] if g["best_test_acc"]["n"] else -1.0)
+    target_default = target is None
+    if target_default:
+        target = TARGET_FRACTION * best_group["best_test_acc"]["mean"]
+        target_rule = (f"{TARGET_FRACTION:g} x {best_group['best_test_acc']['mean']:.4f}, the mean best test accuracy "
+                       f"of the best group ({best_group['label']}); set another with --target")
+    else:
+        target_rule = "given with --target"
+
+    used, variant_note = variant, ""
+    if variant == "workers" and not all(logs_train_acc(r) for g in groups for r in g["runs"]):
+        used = "central"
+        variant_note = ("the workers variant needs per-message training accuracy (a `train_acc` field in "
+                        "metrics.jsonl), which these runs did not log; the central variant was used instead")
+    curve = workers_curve if used == "workers" else central_curve
+    described = ("f = the workers' mini-batch training accuracy averaged over windows of "
+                 f"{WINDOW_S:g} s of real (wall) time" if used == "workers"
+                 else "f = the central model's test accuracy over virtual time")
+    candidates = [g for g in groups if g["algo"] == baseline]
+    unmatched: dict[str, list[str]] = {}
+    for g in groups:
+        for r in g["runs"]:
+            r["time_to_target"] = time_to_target(r["metrics"], target)
+        reached = [r["time_to_target"] for r in g["runs"] if r["time_to_target"]]
+        g["time_to_target"] = {k: stat(t[k] for t in reached) for k in TIMES}
+        g["time_to_target"].update(reached=len(reached), n=len(g["runs"]))
+        base, diff = baseline_for(g, candidates)
+        per_seed = efficiencies(g, base, curve)
+        for r in g["runs"]:
+            r["temporal_efficiency"] = per_seed.get(r["seed"])
+        g["temporal_efficiency"] = {**stat(per_seed.values()), "baseline_group": base["label"], "differs_in": diff,
+                                    "unpaired_seeds": [r["seed"] for r in g["runs"] if r["seed"] not in per_seed]}
+        if diff:
+            unmatched.setdefault(", ".join(diff), []).append(g["label"])
+        if g["temporal_efficiency"]["unpaired_seeds"]:
+            notes.append(f"{g['label']}: no {base['label']} run of seed(s) "
+                         f"{', '.join(map(str, g['temporal_efficiency']['unpaired_seeds']))}; left out of E")
+    for diff, labels in unmatched.items():
+        notes.append(f"no {baseline} group has all the settings of {'; '.join(labels)}: each is compared with the "
+                     f"closest {baseline} group (column 'against'), which differs in {diff}")
+
+    fixed = {k: v for k, v in groups[0]["key"].items() if k not in axes and all(k in g["key"] for g in groups)}
+    seeds = sorted({r["seed"] for r in runs}, key=order)
+    report = {
+        "compared": {"runs": sum(len(g["runs"]) for g in groups), "groups": len(groups),
+                     "seeds": seeds, "axes": axes, "fixed": fixed},
+        "statistics": "mean ± sample standard deviation (n - 1) over seeds, (n) the number of seeds",
+        "target": {"test_acc": target, "default": target_default, "rule": target_rule},
+        "baseline": {"algorithm": baseline, "default": base_default},
+        "variant": {"requested": variant, "used": used, "f": described, "note": variant_note},
+        "groups": [{**{k: g[k] for k in ("label", "algo", "final_test_acc", "best_test_acc", "time_to_target",
+                                         "temporal_efficiency", "tau_mean", "tau_max", "nonfinite_skipped",
+                                         "diverged")},
+                    "config": g["key"], "seeds": [r["seed"] for r in g["runs"]],
+                    "runs": [{"dir": str(r["dir"]), "seed": r["seed"],
+                              **{k: r["summary"].get(k) for k in ("final_test_acc", "best_test_acc", "diverged")},
+                              "time_to_target": r["time_to_target"], "temporal_efficiency": r["temporal_efficiency"]}
+                             for r in g["runs"]]} for g in groups],
+        "lr_sweep": _lr_sweeps(groups, axes),
+        "heatmap_axes": list(heat_axes) if heat_axes else None,
+        "notes": notes,
+    }
+    return report, groups, (heat_axes, heat_why)
+
+
+def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None) -> Path:
+    """Write report.md, report.json and the plots for ``run_dirs`` into ``out_dir``; return report.md's path.
+
+    ``target``: the test accuracy for the time-to-target table (default 0.9 x the best group's mean best
+    accuracy); ``baseline``: the algorithm of the temporal efficiency (default sgd if present, else the
+    first in ``ALGORITHMS`` order); ``variant``: ``central`` or ``workers``; ``heatmap``: ``"X,Y"``, the
+    heat map's two axes.
+    Raises ``ReportError`` (a ``UsageError``) for bad input, before anything is written.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {out}: exists and is not a directory")
+    report, groups, (heat_axes, heat_why) = analyse(run_dirs, target=target, baseline=baseline,
+                                                    variant=variant, heatmap=heatmap)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"--out {out}: cannot create it ({e.strerror})") from None
+    report["plots"], report["skipped_plots"] = make_plots(groups, report, out, heat_axes, heat_why)
+    write_json(out / "report.json", report)
+    path = out / "report.md"
+    atomic_write(path, render(report).encode())
+    return path
