@@ -13,6 +13,7 @@ import click
 
 from ..errors import ConfigError, StalegradError
 from .options import flag_of
+from .grid import grid
 from .report import report
 from .run import compare, train
 from .tools import algorithms, data, plot
@@ -24,7 +25,7 @@ def cli():
     """Asynchronous data-parallel training with staleness-aware optimizers (DC-ASGD, AGN, and baselines)."""
 
 
-for command in (train, compare, report, plot, algorithms, data):
+for command in (train, compare, grid, report, plot, algorithms, data):
     cli.add_command(command)
 
 

@@ -1,0 +1,256 @@
+"""``stalegrad grid FILE.toml --out DIR``: a grid of ``stalegrad train`` runs, resumable.
+
+The file format, the expansion rules and the names of the cells: ``stalegrad/grid.py`` and
+``experiments/README.md``. Before anything is created the command validates every cell, reads what
+DIR already holds (``plan``) and loads each data set once to check every cell's data and model
+(``check_data``); then it locks DIR (one grid at a time) and runs the cells (``grid.GridRun``).
+Progress goes to stderr, one line per finished cell; the final line (stdout) says how many cells ran,
+were skipped and failed. A failed run does not stop the grid, which exits 0 when the grid itself
+worked; a bad file is one line and exit code 2, with nothing created; Ctrl-C stops the running
+children and exits 130, and the same command continues the grid later.
+"""
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from ..errors import RunError, StalegradError, UsageError
+from ..grid import Cell, Grid, toml_value
+
+
+def _echo_err(line: str) -> None:
+    click.echo(line, err=True)
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="directory of the grid: runs/<cell>/, grid.json, report/  [required, except with --dry-run]")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="runs at once, each with cores // jobs torch threads  [default: one per core (at most one per "
+                   "2 GiB of memory) for the simulator on the CPU; 1 with a cuda device or the local or ray "
+                   "runtime]")
+@click.option("--dry-run", is_flag=True, help="validate the file and list its cells (with their state in --out); "
+                                              "run nothing, read no data")
+@click.option("--rerun-changed", is_flag=True,
+              help="run again the finished cells whose options the file now changes (else that is an error)")
+@click.option("--no-report", is_flag=True, help="do not write DIR/report/ at the end")
+def grid(file, out, jobs, dry_run, rerun_changed, no_report):
+    """Run every cell of the grid in FILE.toml into --out DIR; run the same command again to resume.
+
+    FILE has a [fixed] table (options of 'stalegrad train', keys as in --config), an [axes] table
+    (lists: algos, workers, window, lr, delay, seeds, any algorithm parameter or train option; the
+    grid is their product) and a [report] table (target, baseline). sgd runs with one worker, once;
+    an algorithm parameter applies only to the algorithms that have it. Each cell runs as 'stalegrad
+    train' in a process of its own, into DIR/runs/<cell>/ (e.g. asgd-M8-lr0.1-gamma2-s0); a cell
+    whose run holds summary.json is skipped, an unfinished one is run again.
+    """
+    from ..grid import GridRun, load_grid
+
+    g = load_grid(file, here=not dry_run)
+    out_dir = Path(out) if out is not None else None
+    if out_dir is None and not dry_run:
+        raise UsageError("--out DIR is required: the directory of the grid's runs (or --dry-run)")
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir}: exists and is not a directory; choose another path")
+    actions = plan(g, out_dir, rerun_changed) if out_dir is not None else None
+    if dry_run:
+        return _list(g, actions)
+    check_data(g.path, [c for c in g.cells if actions[c.name] != "skip"])
+    cores = machine_cores()
+    jobs = jobs or default_jobs(g.cells, cores)
+    threads = max(1, cores // jobs)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out_dir}: cannot create it ({e.strerror})") from None
+    fd = lock(out_dir)
+    try:
+        actions = plan(g, out_dir, rerun_changed)     # again, under the lock
+        todo = sum(a != "skip" for a in actions.values())
+        _echo_err(f"grid: {len(g.cells)} cells, {len(g.cells) - todo} already done, {todo} to run, {jobs} at once "
+                  f"with {threads} thread{'s' * (threads > 1)} each -> {out_dir}")
+        runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress)
+        try:
+            records = runner.run()
+        except KeyboardInterrupt:
+            st = Counter(r["status"] for r in runner.records.values())
+            _echo_err(f"grid: interrupted: {st['done'] + st['skipped']} of {len(g.cells)} cells done, "
+                      f"{st['failed']} failed; the same command continues the grid")
+            raise
+    finally:
+        os.close(fd)
+    st = Counter(r["status"] for r in records.values())
+    if not no_report:
+        _report(g, out_dir, [out_dir / r["dir"] for r in records.values() if r["status"] in ("done", "skipped")])
+    failed = f"{st['failed']} failed (reasons in {out_dir / 'grid.json'})" if st["failed"] else "none failed"
+    click.echo(f"grid: {len(g.cells)} cells: {st['done'] + st['failed']} run, {st['skipped']} skipped "
+               f"(already done), {failed} -> {out_dir}")
+
+
+def _progress(run, rec: dict) -> None:
+    """After each finished cell: ``grid: 7/24 done, 1 failed, 16 left, about 12 min left``."""
+    if rec["status"] == "failed":
+        _echo_err(f"grid: {rec['name']} failed (exit code {rec['exit_code']}): {rec['reason']}")
+    st = [r["status"] for r in run.records.values()]
+    done, failed = st.count("done") + st.count("skipped"), st.count("failed")
+    left = len(st) - done - failed
+    line = f"grid: {done}/{len(st)} done, {failed} failed, {left} left"
+    if left and run.times:     # the mean time of the cells run so far, `jobs` at once
+        line += ", " + eta(sum(run.times) / len(run.times) * left / min(run.jobs, left))
+    _echo_err(line)
+
+
+def eta(seconds: float) -> str:
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s left"
+    return f"about {round(seconds / 60)} min left" if seconds < 5400 else f"about {seconds / 3600:.1f} h left"
+
+
+def _list(g: Grid, actions: dict | None) -> None:
+    per_algo = Counter(c.algo for c in g.cells)
+    click.echo(f"{g.path}: {len(g.cells)} cells ({', '.join(f'{a} {n}' for a, n in per_algo.items())}), "
+               "every one valid")
+    width = max(len(c.name) for c in g.cells)
+    shown = {"skip": "done: skipped", "rerun": "to run again", "run": "to run"}
+    for c in g.cells:
+        click.echo(f"  {c.name:<{width}}  {shown[actions[c.name]]}" if actions else f"  {c.name}")
+    todo = sum(a != "skip" for a in actions.values()) if actions else len(g.cells)
+    click.echo(f"dry run: nothing was run ({todo} cell{'s' * (todo != 1)} to run)")
+    if any(str(c.params["device"]).startswith("cuda") for c in g.cells):
+        import torch
+        if not torch.cuda.is_available():
+            click.echo("note: the cells use a CUDA device, which this machine does not have: run the grid on a "
+                       "machine with a GPU, or set device = \"cpu\"")
+
+
+def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
+    """DIR/report/ from the finished runs, when this stalegrad has the report module."""
+    if not run_dirs:
+        return _echo_err("grid: no report: no cell finished")
+    try:
+        from ..report import write_report
+    except ImportError as e:
+        return _echo_err(f"grid: no report: this stalegrad has no report module ({e}); the runs are in "
+                         f"{out_dir / 'runs'}")
+    try:
+        write_report(run_dirs, out_dir / "report", **g.report)
+    except StalegradError as e:
+        raise RunError(f"the runs are done, but the report failed: {' '.join(str(e).split())}") from None
+    _echo_err(f"grid: report -> {out_dir / 'report'}")
+
+
+def changed_key(old: dict, new: dict) -> str | None:
+    """The first option that differs between two cells' options, as ``key = old -> new``."""
+    for k in dict.fromkeys([*new, *old]):
+        if old.get(k) != new.get(k):
+            show = lambda d: toml_value(d[k]) if k in d else "(not set)"   # noqa: E731
+            return f"{k} = {show(old)} -> {show(new)}"
+    return None
+
+
+def plan(g: Grid, out: Path, rerun_changed: bool = False) -> dict[str, str]:
+    """What each cell needs in ``out``: ``skip`` (its run holds summary.json), ``rerun`` (a directory
+    without summary.json, or changed options with ``rerun_changed``) or ``run``. A finished cell
+    whose options the file now changes (a [fixed] value) is an error: its results would be mixed up
+    with the new ones."""
+    actions, changed = {}, []
+    for cell in g.cells:
+        run_dir = out / "runs" / cell.name
+        if not (run_dir / "summary.json").is_file():
+            actions[cell.name] = "rerun" if run_dir.exists() else "run"
+            continue
+        actions[cell.name] = "skip"
+        try:
+            old = tomllib.loads((out / "cells" / f"{cell.name}.toml").read_text())
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            continue     # no record of its options: trust the finished run
+        diff = changed_key(old, tomllib.loads(cell.toml))
+        if diff:
+            changed.append((cell.name, diff))
+            actions[cell.name] = "rerun"
+    if changed and not rerun_changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise UsageError(f"{g.path}: cell {changed[0][0]} already ran in {out} with other options "
+                         f"({changed[0][1]}){more}; pass --rerun-changed to run such cells again, or choose "
+                         "another --out")
+    return actions
+
+
+def check_data(path, cells: list[Cell]) -> None:
+    """Load each data set once and check every cell's data and model as ``train`` does before a run."""
+    import torch
+
+    from ..data import load_pair
+    from ..models import build_model
+    from .run import check_options
+
+    def key(c):   # only the synthetic data depends on the seed
+        p = c.params
+        return p["dataset"], str(p["data_dir"]), p["seed"] if p["dataset"] == "synthetic" else -1
+    models = set()
+    for (dataset, _, _), group in itertools.groupby(sorted(cells, key=key), key=key):
+        group = list(group)
+        try:
+            train_set, test_set = load_pair(dataset, group[0].params["data_dir"], seed=group[0].params["seed"])
+        except UsageError as e:
+            raise UsageError(f"{path}: {' '.join(str(e).split())}") from None
+        shape, classes = tuple(train_set.x.shape[1:]), train_set.num_classes
+        for cell in group:
+            p = cell.params
+            try:
+                config, _ = check_options(cell.algo, p)
+                config.check_data(train_set, test_set)
+                if (p["model"], shape, classes, p["hidden"]) not in models:
+                    with torch.device("meta"):     # the shape checks, without the memory
+                        build_model(p["model"], shape, classes, hidden=p["hidden"])
+                    models.add((p["model"], shape, classes, p["hidden"]))
+            except UsageError as e:
+                raise UsageError(f"{path}: cell {cell.name}: {' '.join(str(e).split())}") from None
+        del train_set, test_set
+
+
+def machine_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_jobs(cells: list[Cell], cores: int) -> int:
+    """The simulator on the CPU: one run per core, each with one torch thread, at most one per 2 GiB
+    of memory. A simulated run is one process whose small tensor operations gain little from a second
+    thread, and threads that contend with other processes for the cores can be many times slower (on
+    a busy 2-core machine, two runs of 3 epochs of Fashion-MNIST took 11 s side by side with one thread
+    each, 475 s one after the other with two). One run at a time on a GPU, or with the local or ray
+    runtime (they start processes of their own)."""
+    if any(c.params["runtime"] != "sim" or str(c.params["device"]).startswith("cuda") for c in cells):
+        return 1
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        memory_gib = 2.0 * cores
+    return max(1, min(cores, int(memory_gib // 2)))
+
+
+def lock(out: Path) -> int:
+    """An exclusive lock on ``out``: one grid at a time (the kernel drops it when the process ends)."""
+    try:
+        fd = os.open(out / ".grid.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write there ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UsageError(f"--out {out}: another grid (PID {holder}) is running there; wait for it to end") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -1,0 +1,399 @@
+"""Grids of runs: ``stalegrad grid FILE.toml --out DIR``, seeded and resumable.
+
+The file has three tables (experiments/README.md says more)::
+
+    [fixed]          # options of `stalegrad train`, keys as in --config (- or _): one value each
+    dataset = "fashion-mnist"
+    epochs = 4
+    [axes]           # lists; the grid is their Cartesian product
+    algos = ["sgd", "asgd", "dcasgd-a"]   # or algo
+    workers = [4, 8, 16]
+    delay = ["uniform", "gamma:2"]
+    seeds = [0, 1, 2]                     # or seed
+    lam0 = [1.0, 2.0]                     # any algorithm parameter or train option
+    [report]         # target, baseline: for the report written at the end (stalegrad.report)
+    target = 0.85
+
+``out``, ``resume``, ``overwrite``, ``quiet``, ``config`` and ``record_trace`` are refused (the grid
+decides them); a key is fixed or an axis, not both; ``hidden`` and ``lr_milestones`` take a list as
+one value, so as axes they are lists of lists (``hidden = [[256, 128], [512]]``).
+
+Expansion: the product in the order the axes are written (the last varies fastest), where a
+sequential algorithm (sgd) runs with 1 worker, once, whatever ``workers`` says; an algorithm
+parameter (``window``, ``lam``, ``lam0``, ``rho``, ...), fixed or an axis, applies only to the
+algorithms that have it (so ``window`` to the commit and elastic rules), the others running once per
+value of the other axes; identical cells are one. A parameter that no algorithm of the grid has is an
+error. Every cell is checked as ``stalegrad train --config CELL.toml`` checks it before anything runs.
+
+Names: the algorithm, then a part for every axis that applies to the cell, joined by ``-``: workers
+``M8``, window ``W10``, lr ``lr0.1``, algorithm parameters (``lam0_2``) and other options
+(``batch_size_64``) alphabetically, delay as its value (``gamma2``), seed ``s0``: e.g.
+``asgd-M8-lr0.1-gamma2-s0``. Floats are written shortest (2.0 -> 2), lists joined by ``x``
+(``256x128``), ``:`` before a digit is dropped, other ``:``, ``/`` and unsafe characters become ``_``.
+Fixed keys never appear: keep ``seeds = [0]`` in [axes], so that names stay when seeds are added.
+
+DIR holds ``runs/<cell>/`` (a run directory), ``cells/<cell>.toml`` (the run's --config),
+``logs/<cell>.log`` (its stderr) and ``grid.json``: every cell with its options, ``status`` (``done``,
+``failed`` with ``reason``, ``skipped``, ``interrupted``, ``pending``), ``exit_code`` and ``run_s``,
+rewritten atomically after every cell. A rerun skips the cells whose run holds summary.json, and runs
+the others (``--overwrite``): interrupted, failed and new ones (``cli/grid.py``: ``plan``).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UsageError
+
+ALIASES = {"algos": "algo", "seeds": "seed"}
+REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "rerun the grid to resume it",
+           "overwrite": "the grid reruns unfinished cells itself", "quiet": "runs of a grid are quiet",
+           "config_file": "the grid is the configuration", "record_trace": "it records one run: use 'stalegrad train'"}
+PREFIX = {"workers": "M", "window": "W", "lr": "lr", "seed": "s", "algo": "", "delay": ""}
+REPORT_KEYS = ("target", "baseline")
+
+
+@dataclass
+class Cell:
+    name: str
+    algo: str
+    axes: dict                 # the axis values that apply to this cell
+    options: dict              # everything the run is given (python names, TOML values)
+    params: dict = field(default_factory=dict, repr=False)   # as `train` parses them (after validation)
+
+    @property
+    def toml(self) -> str:
+        return "".join(f"{k} = {toml_value(v)}\n" for k, v in self.options.items())
+
+
+@dataclass
+class Grid:
+    path: Path
+    fixed: dict
+    axes: dict
+    report: dict
+    cells: list
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("nan" if v != v else ("inf" if v > 0 else "-inf"))
+    if isinstance(v, str):
+        return '"' + "".join(c if c not in '"\\' and 0x20 <= ord(c) != 0x7F else
+                             {'"': '\\"', "\\": "\\\\"}.get(c, f"\\u{ord(c):04x}") for c in v) + '"'
+    return "[" + ", ".join(toml_value(x) for x in v) + "]"
+
+
+def name_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v).removesuffix(".0")
+    if isinstance(v, list):
+        return "x".join(name_value(x) for x in v)
+    text = re.sub(r":(?=\d)", "", str(v))
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+
+
+def _part_order(key: str) -> tuple:
+    from .cli.options import ALGO_FLAGS
+    rank = {"algo": 0, "workers": 1, "window": 2, "lr": 3, "delay": 6, "seed": 7}
+    return (rank.get(key, 4 if key in ALGO_FLAGS else 5), key)
+
+
+def cell_name(algo: str, axes: dict) -> str:
+    parts = [PREFIX.get(k, f"{k}_") + name_value(axes[k]) for k in sorted(axes, key=_part_order) if k != "algo"]
+    name = "-".join([name_value(algo), *parts])
+    if len(name) > 150:      # keep it a valid file name; the hash keeps it unique
+        import hashlib
+        name = f"{name[:130]}-{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+    return name
+
+
+def _train_options() -> tuple[dict, dict]:
+    from .cli.run import train
+    return {p.name: p for p in train.params}, {o.lstrip("-"): p.name for p in train.params for o in p.opts}
+
+
+def _check_value(where: str, key: str, v, listy: bool) -> None:
+    ok = (int, float, str, bool)
+    if isinstance(v, list) and not listy:
+        raise UsageError(f"{where} {key} is a list: put it in [axes] to make it an axis" if "[fixed]" in where
+                         else f"{where} {key}: each value must be a single value, not {v!r}")
+    if not (isinstance(v, ok) or isinstance(v, list) and all(isinstance(x, ok) for x in v)):
+        raise UsageError(f"{where} {key} must be a number, a string, a boolean or a list of them, not {v!r}")
+
+
+def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
+    """(fixed, axes, report) of a grid file, keys as the option names of ``stalegrad train``."""
+    try:
+        table = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not valid TOML ({e})") from None
+    for key, value in table.items():
+        if key not in ("fixed", "axes", "report") or not isinstance(value, dict):
+            raise UsageError(f"{path}: unknown table or key {key!r}; a grid file has the tables [fixed], [axes] "
+                             "and [report]")
+    by_name, flags = _train_options()
+    fixed, axes = {}, {}
+    for section, out in (("fixed", fixed), ("axes", axes)):
+        where = f"{path}: [{section}]"
+        for key, value in table.get(section, {}).items():
+            k = ALIASES.get(key, key)
+            name = flags.get(k.replace("_", "-"), k.replace("-", "_"))
+            if name in REFUSED:
+                raise UsageError(f"{where} {key}: not an option of a grid ({REFUSED[name]})")
+            if name not in by_name:
+                raise UsageError(f"{where} unknown key {key!r}; keys are the options of 'stalegrad train' "
+                                 "(e.g. epochs, batch_size, lam0), and algos and seeds")
+            if name in fixed or name in out:
+                raise UsageError(f"{where} {key}: {name} is given twice (fixed or an axis, not both)")
+            listy = by_name[name].callback is not None     # hidden, lr_milestones take a list
+            if section == "fixed":
+                _check_value(where, key, value, listy)
+            else:
+                if not isinstance(value, list):
+                    raise UsageError(f"{where} {key} must be a list of values, e.g. {key} = [{toml_value(value)}]; "
+                                     "or put it in [fixed]")
+                if not value:
+                    raise UsageError(f"{where} {key} is empty: list at least one value")
+                for v in value:
+                    if listy and not isinstance(v, (list, str)):
+                        raise UsageError(f"{where} {key}: each value is a list, e.g. {key} = [[256, 128], [512]]")
+                    _check_value(where, key, v, listy)
+                dup = next((v for i, v in enumerate(value) if v in value[:i]), None)
+                if dup is not None:
+                    raise UsageError(f"{where} {key} lists {toml_value(dup)} twice")
+            out[name] = value
+    report = dict(table.get("report", {}))
+    unknown = [k for k in report if k not in REPORT_KEYS]
+    if unknown:
+        raise UsageError(f"{path}: [report] unknown key {unknown[0]!r}; keys are {', '.join(REPORT_KEYS)}")
+    target = report.get("target", 1)
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
+        raise UsageError(f"{path}: [report] target must be a test accuracy in (0, 1], got {target!r}")
+    return fixed, axes, report
+
+
+def expand(path, fixed: dict, axes: dict) -> list[Cell]:
+    """The cells of the grid (see the module docstring), in the order of the product."""
+    from .algorithms import ALGORITHMS, renamed
+    from .cli.options import ALGO_FLAGS
+    by_name, _ = _train_options()
+    algos = axes.get("algo", [fixed.get("algo", by_name["algo"].default)])
+    for a in (a for a in algos if a not in ALGORITHMS):
+        raise UsageError(f"{path}: unknown algorithm {a!r}; choose from {', '.join(ALGORITHMS)}")
+    owns = {a: {f.name for f in ALGORITHMS[a].hyperparameters()} for a in algos}
+    for key in [*fixed, *axes]:
+        if key in ALGO_FLAGS and not any(key in own for own in owns.values()):
+            takers = [n for n, c in ALGORITHMS.items() if key in {f.name for f in c.hyperparameters()}]
+            new = next((renamed(ALGORITHMS[a], key) for a in algos if renamed(ALGORITHMS[a], key)), None)
+            hint = f"; for {', '.join(algos)} it is called {new}" if new else ""
+            raise UsageError(f"{path}: {key} is a parameter of {', '.join(takers)}, and none of the grid's "
+                             f"algorithms ({', '.join(algos)}) has it{hint}")
+    cells: dict[str, Cell] = {}
+    for combo in itertools.product(*axes.values()):
+        values = dict(zip(axes, combo))
+        algo = values.get("algo", algos[0])
+        keep = lambda k: k not in ALGO_FLAGS or k in owns[algo]   # noqa: E731
+        applied = {k: v for k, v in values.items() if keep(k)}
+        options = {"algo": algo, **{k: v for k, v in fixed.items() if keep(k) and k != "algo"},
+                   **{k: v for k, v in applied.items() if k != "algo"}}
+        if ALGORITHMS[algo].sequential:   # one worker, once
+            options.update({"workers": 1} if "workers" in options else {})
+            applied.update({"workers": 1} if "workers" in applied else {})
+        cell = Cell(cell_name(algo, applied), algo, applied, options)
+        other = cells.setdefault(cell.name, cell)
+        if other.options != cell.options:
+            raise UsageError(f"{path}: two cells are both named {cell.name} ({other.axes} and {cell.axes}); "
+                             "make the axis values print differently")
+    return list(cells.values())
+
+
+def train_params(cell_toml: Path) -> tuple[str, dict]:
+    """(algorithm, params) exactly as ``stalegrad train --config CELL_TOML`` builds them."""
+    from .cli.options import apply_config_file
+    from .cli.run import train
+    ctx = train.make_context("train", ["--config", str(cell_toml)])
+    params = apply_config_file(ctx, {k: v for k, v in ctx.params.items() if k not in ("out", "resume")})
+    params.pop("out", None)
+    return params.pop("algo"), params
+
+
+def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
+    """Parse, expand and validate a grid file; every mistake is one ``UsageError`` line. ``here=False``
+    (a dry run) accepts a CUDA device that this machine lacks (the file is for another machine)."""
+    from .cli.run import check_options
+    fixed, axes, report = parse(path)
+    cells = expand(path, fixed, axes)
+    baseline = report.get("baseline")
+    if baseline is not None and baseline not in {c.algo for c in cells}:
+        raise UsageError(f"{path}: [report] baseline {baseline!r} is not one of the grid's algorithms "
+                         f"({', '.join(dict.fromkeys(c.algo for c in cells))})")
+    with tempfile.TemporaryDirectory(prefix="stalegrad-grid-") as tmp:
+        f = Path(tmp) / "cell.toml"
+        for cell in cells:
+            f.write_text(cell.toml)
+            try:
+                _, cell.params = train_params(f)
+                gpu = not here and re.fullmatch(r"cuda(:\d+)?", str(cell.params["device"]))
+                check_options(cell.algo, dict(cell.params, device="cpu") if gpu else cell.params)
+            except UsageError as e:
+                msg = " ".join(str(e).replace(f"--config {f}: ", "").split())
+                raise UsageError(f"{path}: cell {cell.name}: {msg}") from None
+    return Grid(Path(path), fixed, axes, report, cells)
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    return lines[-1][:500] if lines else ""
+
+
+class GridRun:
+    """Runs the cells of a grid in subprocesses, ``jobs`` at once, recording each in DIR/grid.json."""
+
+    def __init__(self, grid: Grid, out: Path, actions: dict, jobs: int, threads: int, on_cell=None):
+        self.grid, self.out, self.actions, self.jobs, self.threads = grid, out, actions, jobs, threads
+        self.on_cell = on_cell or (lambda run, record: None)    # after each finished cell
+        self.records = {c.name: {"name": c.name, "dir": f"runs/{c.name}", "algo": c.algo, "axes": c.axes,
+                                 "options": c.options, "status": "pending", "exit_code": None, "run_s": None,
+                                 "reason": None} for c in grid.cells}
+        self.times, self.started = [], _now()     # the run times of this invocation's cells
+
+    def write(self) -> None:
+        from .results import write_json
+        st = [r["status"] for r in self.records.values()]
+        write_json(self.out / "grid.json", {
+            "file": str(self.grid.path), "started": self.started, "updated": _now(), "jobs": self.jobs,
+            "threads_per_job": self.threads, "fixed": self.grid.fixed, "axes": self.grid.axes,
+            "report": self.grid.report, "counts": {s: st.count(s) for s in dict.fromkeys(st)},
+            "cells": list(self.records.values())})
+
+    def _result(self, rec: dict) -> None:     # the run's accuracy, and whether it diverged
+        try:
+            s = json.loads((self.out / rec["dir"] / "summary.json").read_text())
+            rec.update({k: s.get(k) for k in ("final_test_acc", "best_test_acc", "diverged")})
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def _start(self, cell: Cell) -> subprocess.Popen:
+        run_dir, toml_path = self.out / "runs" / cell.name, self.out / "cells" / f"{cell.name}.toml"
+        toml_path.write_text(cell.toml)
+        cmd = [sys.executable, "-m", "stalegrad", "train", "--config", str(toml_path), "--out", str(run_dir),
+               "--quiet"] + (["--overwrite"] if run_dir.exists() else [])
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        here = str(Path(__file__).resolve().parent.parent)     # the children run this stalegrad
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+        with open(self.out / "logs" / f"{cell.name}.log", "wb") as err:
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                    start_new_session=True)   # a terminal's Ctrl-C reaches them through us
+
+    def _finish(self, cell: Cell, proc: subprocess.Popen, t0: float) -> None:
+        rec, code = self.records[cell.name], proc.returncode
+        rec.update(exit_code=code, run_s=round(time.monotonic() - t0, 2), reason=None)
+        self.times.append(rec["run_s"])
+        if code == 0 and (self.out / rec["dir"] / "summary.json").is_file():
+            rec["status"] = "done"
+            return self._result(rec)
+        reason = last_line(self.out / "logs" / f"{cell.name}.log")
+        if code < 0:
+            sig = signal.Signals(-code).name if -code in set(signal.Signals) else f"signal {-code}"
+            reason = f"killed by {sig}" + (f" ({reason})" if reason else "")
+        elif code == 0:
+            reason = "exited 0 but wrote no summary.json"
+        rec.update(status="failed", reason=reason or f"exit code {code}")
+
+    def _stop(self, running: dict) -> None:
+        """Ctrl-C: interrupt every child as a terminal would (it cleans up), then kill what is left."""
+        for proc in running:
+            _signal(proc, signal.SIGINT)
+        deadline = time.monotonic() + 30
+        with contextlib.suppress(KeyboardInterrupt):      # a second Ctrl-C: no more waiting
+            while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        for proc, (cell, _) in running.items():
+            if proc.poll() is None:
+                _signal(proc, signal.SIGKILL)
+                proc.wait()
+            self.records[cell.name]["exit_code"] = proc.returncode
+        for rec in self.records.values():
+            if rec["status"] == "running":
+                rec.update(status="interrupted", reason="interrupted; rerun the grid to run it again")
+
+    def run(self) -> dict:
+        """Run every cell that is not done; return the records. Ctrl-C (or SIGTERM) stops the running
+        children, records them as interrupted and raises KeyboardInterrupt."""
+        for sub in ("runs", "cells", "logs"):
+            (self.out / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            prev = {r["name"]: r for r in json.loads((self.out / "grid.json").read_text())["cells"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            prev = {}
+        for name, rec in self.records.items():     # skipped cells keep what the last grid.json said
+            if self.actions[name] == "skip":
+                p = prev.get(name, {})
+                rec.update(status="skipped", exit_code=p.get("exit_code"), run_s=p.get("run_s"))
+                self._result(rec)
+        queue = [c for c in self.grid.cells if self.actions[c.name] != "skip"]
+        running: dict[subprocess.Popen, tuple[Cell, float]] = {}
+        self.write()
+        old = _on_sigterm()
+        try:
+            while queue or running:
+                while queue and len(running) < self.jobs:
+                    cell = queue.pop(0)
+                    self.records[cell.name]["status"] = "running"
+                    running[self._start(cell)] = (cell, time.monotonic())
+                finished = [p for p in running if p.poll() is not None]
+                if not finished:
+                    time.sleep(0.05)
+                for proc in finished:
+                    cell, t0 = running.pop(proc)
+                    self._finish(cell, proc, t0)
+                    self.write()
+                    self.on_cell(self, self.records[cell.name])
+        except BaseException:       # Ctrl-C, SIGTERM, or the grid's own failure: no child is left running
+            self._stop(running)
+            with contextlib.suppress(OSError):
+                self.write()
+            raise
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+        return self.records
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _on_sigterm():
+    """SIGTERM stops the grid as Ctrl-C does (KeyboardInterrupt): the children are stopped, not orphaned."""
+    with contextlib.suppress(ValueError):      # not the main thread: None
+        return signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -1,0 +1,286 @@
+"""``stalegrad grid``: expansion, names, validation, runs in subprocesses, resume, failures, Ctrl-C."""
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import pytest
+
+import stalegrad.cli
+from stalegrad import grid as G
+
+# The module, not the command: once `grid` is registered, stalegrad.cli.grid is the click command.
+cli_grid = importlib.import_module("stalegrad.cli.grid")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENTS = sorted((ROOT / "experiments").glob("*.toml"))
+TINY = '[fixed]\ndataset = "synthetic"\nmodel = "logreg"\nepochs = 0.2\nbatch_size = 32\n'
+
+
+@pytest.fixture
+def run(monkeypatch, capsys):
+    """``stalegrad grid ...`` through the real entry point (one-line errors, exit codes), with the
+    command in a test-local group until the lead registers it."""
+    group = click.Group("stalegrad", commands={"grid": cli_grid.grid})
+    monkeypatch.setattr(stalegrad.cli, "cli", group)
+
+    def call(*args):
+        code = stalegrad.cli.main(["grid", *map(str, args)])
+        out, err = capsys.readouterr()
+        return code, out, err
+    return call
+
+
+def write(tmp_path, text, name="g.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def records(out):
+    return {r["name"]: r for r in json.loads((out / "grid.json").read_text())["cells"]}
+
+
+# ---- expansion and names ----------------------------------------------------------------
+def test_expansion_rules(tmp_path, run):
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["sgd", "asgd", "agn", "dcasgd-a"]\nworkers = [2, 4]\n'
+                                  'window = [2, 5]\nlam0 = [1.0, 2.0]\nseeds = [0, 1]\n')
+    cells = {c.name: c for c in G.load_grid(path).cells}
+    per_algo = {a: sum(c.algo == a for c in cells.values()) for a in ("sgd", "asgd", "agn", "dcasgd-a")}
+    # sgd: one worker, once per seed; asgd: no window, no lam0; agn: window; dcasgd-a: lam0.
+    assert per_algo == {"sgd": 2, "asgd": 4, "agn": 8, "dcasgd-a": 8}
+    assert cells["sgd-M1-s0"].options == {"algo": "sgd", "dataset": "synthetic", "model": "logreg", "epochs": 0.2,
+                                          "batch_size": 32, "workers": 1, "seed": 0}
+    assert "window" not in cells["asgd-M4-s1"].options and "lam0" not in cells["asgd-M4-s1"].options
+    assert cells["agn-M4-W5-s1"].options["window"] == 5 and "lam0" not in cells["agn-M4-W5-s1"].options
+    assert cells["dcasgd-a-M2-lam0_1-s0"].options["lam0"] == 1.0
+    assert list(cells)[:3] == ["sgd-M1-s0", "sgd-M1-s1", "asgd-M2-s0"]     # the product's order
+    code, out, err = run(path, "--dry-run")
+    assert code == 0, err
+    assert "22 cells (sgd 2, asgd 4, agn 8, dcasgd-a 8), every one valid" in out
+    assert "agn-M2-W2-s0" in out and "nothing was run" in out
+
+
+def test_fixed_parameters_apply_to_their_algorithms_only(tmp_path):
+    path = write(tmp_path, TINY + 'window = 3\nlam = 0.5\nworkers = 3\n'
+                                  '[axes]\nalgo = ["sgd", "dcasgd-c", "downpour"]\n')
+    cells = {c.algo: c for c in G.load_grid(path).cells}
+    assert [c.name for c in cells.values()] == ["sgd", "dcasgd-c", "downpour"]
+    assert cells["sgd"].options["workers"] == 1 and "window" not in cells["sgd"].options
+    assert cells["dcasgd-c"].options["lam"] == 0.5 and "window" not in cells["dcasgd-c"].options
+    assert cells["downpour"].options["window"] == 3 and cells["downpour"].params["workers"] == 3
+
+
+def test_names_are_readable_stable_and_safe():
+    assert G.cell_name("asgd", {"algo": "asgd", "seed": 0, "delay": "gamma:2", "lr": 0.1, "workers": 8}) == \
+        "asgd-M8-lr0.1-gamma2-s0"
+    assert G.cell_name("agn", {"window": 10, "local_opt": "sgd", "workers": 4}) == "agn-M4-W10-local_opt_sgd"
+    assert G.cell_name("dcasgd-a", {"lam0": 2.0, "hidden": [256, 128], "delay": "heterogeneous:sqrt"}) == \
+        "dcasgd-a-lam0_2-hidden_256x128-heterogeneous_sqrt"
+    name = G.cell_name("asgd", {"delay": "trace:../runs/a b.csv", "lr": 1e-07})
+    assert name == "asgd-lr1e-07-trace_.._runs_a_b.csv" and "/" not in name
+    long = G.cell_name("asgd", {"delay": "trace:" + "x" * 300})
+    assert len(long) <= 150 and long != G.cell_name("asgd", {"delay": "trace:" + "x" * 299})
+
+
+def test_dry_run_lists_what_a_run_would_do(tmp_path, run):
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1]\n')
+    (tmp_path / "out" / "runs" / "asgd-s1").mkdir(parents=True)          # an interrupted run
+    code, out, err = run(path, "--out", tmp_path / "out", "--dry-run")
+    assert code == 0, err
+    assert "asgd-s0  to run" in out and "asgd-s1  to run again" in out
+    assert sorted(os.listdir(tmp_path / "out")) == ["runs"]                  # nothing written
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_every_experiment_file_validates(path, run):
+    """--dry-run reads no data (MNIST and CIFAR-10 need not be here) and accepts a CUDA device that
+    this machine lacks; everything else is checked as `train` checks it."""
+    code, out, err = run(path, "--dry-run")
+    assert code == 0, err
+    expected = {"dcasgd_cifar10": 27, "agn_mnist": 147, "dcasgd_fashion": 180, "agn_fashion": 54}
+    assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
+
+
+# ---- bad files ------------------------------------------------------------------------
+BAD = [
+    ("foo = 1\n", "[fixed] unknown key 'foo'"),
+    ("[axes]\nworkers = 4\n", "[axes] workers must be a list"),
+    ("[axes]\nworkers = []\n", "workers is empty"),
+    ("[axes]\nworkers = [4, 0]\n", "cell asgd-M0: workers must be a positive integer, got 0"),
+    ('lr = "fast"\n', "cell asgd: lr: 'fast' is not a valid float"),
+    ("seed = [0, 1]\n", "seed is a list: put it in [axes]"),
+    ('[axes]\nalgos = ["asgd"]\nlam = [0.1]\n', "lam is a parameter of dcasgd-c, and none of the grid's algorithms"),
+    ('[axes]\nalgos = ["sgd", "quantum"]\n', "unknown algorithm 'quantum'"),
+    ('out = "x"\n', "[fixed] out: not an option of a grid"),
+    ('[axes]\nalgos = ["sgd"]\nseeds = [0]\n[report]\nbaseline = "agn"\n', "baseline 'agn' is not one of"),
+    ("[report]\ntarget = 85\n", "target must be a test accuracy in (0, 1]"),
+    ("[report]\ncolour = 1\n", "[report] unknown key 'colour'"),
+    ("[axes]\nlr = [0.1, 0.1]\n", "lr lists 0.1 twice"),
+    ("[axes]\nhidden = [256, 128]\n", "each value is a list, e.g. hidden = [[256, 128], [512]]"),
+    ("[bogus]\n", "unknown table or key 'bogus'"),
+    ("[axes\n", "not valid TOML"),
+    ('[axes]\ndelay = ["uniform", "gamma:-1"]\n', "cell asgd-gamma_-1: delay 'gamma:-1'"),
+    ('[axes]\nalgos = ["easgd"]\nworkers = [1, 2]\nbeta = [2.0]\n',
+     "cell easgd-M1-beta_2: easgd: beta must be in (0, 1]"),
+    ("batch_size = 5000\n", "larger than each worker's"),           # found by the data check
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD, ids=[m[:30] for _, m in BAD])
+def test_a_bad_file_is_one_line_and_nothing_is_created(tmp_path, run, extra, message):
+    text = TINY.replace("batch_size = 32\n", "") if extra.startswith("batch_size") else TINY
+    path = write(tmp_path, text + extra)
+    code, out, err = run(path, "--out", tmp_path / "out")
+    assert code == 2
+    assert err.startswith("stalegrad: error: ") and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_data_set_is_refused_before_anything_runs(tmp_path, run):
+    path = write(tmp_path, '[fixed]\ndataset = "mnist"\ndata_dir = "%s"\n[axes]\nseeds = [0]\n' % (tmp_path / "none"))
+    code, _, err = run(path, "--out", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and "mnist" in err
+    assert not (tmp_path / "out").exists()
+    assert run(path, "--dry-run")[0] == 0          # a dry run reads no data
+
+
+# ---- runs, resume -----------------------------------------------------------------------
+def test_runs_resume_and_new_cells(tmp_path, run):
+    out = tmp_path / "out"
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["sgd", "asgd"]\nworkers = [2]\nseeds = [0]\n')
+    code, stdout, err = run(path, "--out", out, "--jobs", 2)
+    assert code == 0, err
+    recs = records(out)
+    assert {n: r["status"] for n, r in recs.items()} == {"sgd-M1-s0": "done", "asgd-M2-s0": "done"}
+    assert all(r["exit_code"] == 0 and r["run_s"] > 0 and 0 <= r["final_test_acc"] <= 1 for r in recs.values())
+    summary = json.loads((out / "runs" / "asgd-M2-s0" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["algorithm"] == "asgd"
+    assert (out / "cells" / "sgd-M1-s0.toml").read_text().startswith('algo = "sgd"\n')
+    assert "grid: 2/2 done, 0 failed, 0 left" in err and "2 at once with" in err
+    assert "grid: 2 cells: 2 run, 0 skipped (already done), none failed" in stdout
+    try:
+        import stalegrad.report  # noqa: F401
+        assert (out / "report" / "report.md").is_file()
+    except ImportError:
+        assert "grid: no report" in err
+
+    # A second invocation runs nothing.
+    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
+    code, stdout, err = run(path, "--out", out, "--jobs", 1, "--no-report")
+    assert code == 0, err
+    assert {r["status"] for r in records(out).values()} == {"skipped"}
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")} == mtimes
+    assert "0 run, 2 skipped" in stdout
+
+    # A new seed runs only the new cells; an interrupted run (no summary.json) is run again.
+    for name in ("summary.json", "model.pt", "staleness.json"):
+        (out / "runs" / "sgd-M1-s0" / name).unlink()
+    write(tmp_path, TINY + '[axes]\nalgos = ["sgd", "asgd"]\nworkers = [2]\nseeds = [0, 1]\n')
+    code, stdout, err = run(path, "--out", out, "--jobs", 2, "--no-report")
+    assert code == 0, err
+    status = {n: r["status"] for n, r in records(out).items()}
+    assert status == {"sgd-M1-s0": "done", "asgd-M2-s0": "skipped", "sgd-M1-s1": "done", "asgd-M2-s1": "done"}
+    assert (out / "runs" / "sgd-M1-s0" / "summary.json").is_file()
+    assert (out / "runs" / "asgd-M2-s0" / "summary.json").stat().st_mtime_ns == mtimes[
+        out / "runs" / "asgd-M2-s0" / "summary.json"]
+    assert "3 run, 1 skipped" in stdout
+
+
+def test_a_changed_fixed_value_is_refused_unless_rerun_changed(tmp_path, run):
+    out = tmp_path / "out"
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0]\n')
+    assert run(path, "--out", out, "--jobs", 1, "--no-report")[0] == 0
+    write(tmp_path, TINY.replace("epochs = 0.2", "epochs = 0.3") + '[axes]\nalgos = ["asgd"]\nseeds = [0]\n')
+    code, _, err = run(path, "--out", out)
+    assert code == 2 and err.count("\n") == 1
+    assert "cell asgd-s0 already ran" in err and "epochs = 0.2 -> 0.3" in err and "--rerun-changed" in err
+    code, out_, err = run(path, "--out", out, "--dry-run", "--rerun-changed")
+    assert code == 0 and "asgd-s0  to run again" in out_
+
+
+def test_a_failed_run_is_recorded_and_the_grid_goes_on(tmp_path, run, monkeypatch):
+    monkeypatch.setitem(sys.modules, "stalegrad.report", None)      # as if the report module were absent
+    out = tmp_path / "out"
+    path = write(tmp_path, TINY + 'on_nonfinite = "stop"\n[axes]\nalgos = ["asgd"]\nlr = [1e38, 0.1]\n')
+    code, stdout, err = run(path, "--out", out, "--jobs", 1)
+    assert code == 0, err
+    recs = records(out)
+    bad, good = recs["asgd-lr1e+38"], recs["asgd-lr0.1"]
+    assert bad["status"] == "failed" and bad["exit_code"] == 1 and "NaN or Inf" in bad["reason"]
+    assert good["status"] == "done" and good["exit_code"] == 0
+    assert "grid: asgd-lr1e+38 failed (exit code 1): stalegrad: error: message from worker" in err
+    assert "grid: 1/2 done, 1 failed, 0 left" in err
+    assert "grid: no report: this stalegrad has no report module" in err
+    assert "2 run, 0 skipped (already done), 1 failed" in stdout
+    # The failed cell is run again by the next invocation; the done one is not.
+    code, listing, _ = run(path, "--out", out, "--dry-run")
+    assert "asgd-lr1e+38  to run again" in listing and "asgd-lr0.1    done: skipped" in listing
+
+
+def test_jobs_threads_and_the_child_command(tmp_path, run, monkeypatch):
+    """--jobs N gives each child cores // N threads; an existing run directory is rerun with --overwrite."""
+    started = []
+
+    class FakeChild:
+        def __init__(self, cmd, **kw):
+            started.append((cmd, kw["env"]))
+            self.pid, self.returncode = 0, 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(G.subprocess, "Popen", FakeChild)
+    monkeypatch.setattr(cli_grid, "machine_cores", lambda: 4)
+    out = tmp_path / "out"
+    (out / "runs" / "asgd-s1").mkdir(parents=True)
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1]\n')
+    code, _, err = run(path, "--out", out, "--jobs", 2, "--no-report")
+    assert code == 0, err
+    (cmd0, env0), (cmd1, _) = started
+    assert cmd0[:4] == [sys.executable, "-m", "stalegrad", "train"] and "--quiet" in cmd0
+    assert "--overwrite" not in cmd0 and "--overwrite" in cmd1
+    assert env0["OMP_NUM_THREADS"] == env0["MKL_NUM_THREADS"] == "2"
+    assert records(out)["asgd-s0"]["reason"] == "exited 0 but wrote no summary.json"
+
+
+def test_default_jobs():
+    def cell(**p):
+        return G.Cell("c", "asgd", {}, {}, params={"runtime": "sim", "device": "cpu", **p})
+    assert cli_grid.default_jobs([cell(), cell(device="cuda")], 16) == 1
+    assert cli_grid.default_jobs([cell(runtime="local")], 16) == 1
+    assert 1 <= cli_grid.default_jobs([cell()], 4) <= 4
+    assert cli_grid.default_jobs([cell()], 1) == 1
+
+
+def test_ctrl_c_stops_the_children_and_the_grid_continues_later(tmp_path):
+    out = tmp_path / "out"
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1, 2]\n')
+    code = ("import sys, stalegrad.cli as c; from stalegrad.cli.grid import grid; c.cli.add_command(grid); "
+            "sys.exit(c.main(sys.argv[1:]))")
+    cmd = [sys.executable, "-c", code, "grid", str(path), "--out", str(out), "--jobs", "1", "--no-report"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if any(r["status"] == "done" for r in records(out).values()):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "grid: interrupted:" in err and "stalegrad: interrupted" in err
+    status = [r["status"] for r in records(out).values()]
+    assert status[0] == "done" and "interrupted" in status and "done" not in status[2:]
+    assert (out / "runs" / "asgd-s0" / "summary.json").is_file()
+    # Nothing is left running, and the same command finishes the grid.
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=120).returncode == 0
+    assert [r["status"] for r in records(out).values()][0] == "skipped"
+    assert all(r["status"] in ("done", "skipped") for r in records(out).values())
