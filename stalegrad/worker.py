@@ -4,7 +4,9 @@ factory that builds worker m the same way in any process.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +15,7 @@ from torch import Tensor, nn
 
 from .algorithms import Algorithm
 from .config import PARTITIONS
+from .errors import ConfigError
 from .server import to_device
 
 
@@ -205,6 +208,20 @@ class WorkerFactory:
         device = model.flat.device
         return Worker(m, self.algorithm, model, self.x.to(device), self.y.to(device), self.stream(m), w0,
                       self.num_workers)
+
+    def module_blob(self) -> bytes:
+        """The run's model, pickled for a runtime that builds workers in other processes or on other
+        machines (each one's FlatModel flattens it again)."""
+        module = self.model.module
+        clone = copy.deepcopy(module).cpu()
+        for p in clone.parameters():   # own storages: the run's parameters are views of one flat vector
+            p.data = p.data.clone()
+            p.grad = None
+        try:
+            return pickle.dumps(clone)
+        except Exception as e:
+            raise ConfigError("model", f"cannot be pickled ({e}), and this runtime sends it to its workers by "
+                                       f"pickling it; define {type(module).__name__} at module level") from None
 
     def portable(self, x: Tensor, y: Tensor) -> "WorkerFactory":
         """A copy for another process: the given (shared) data, no model, no weights."""

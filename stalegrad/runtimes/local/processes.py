@@ -11,16 +11,13 @@ importing torch.
 """
 from __future__ import annotations
 
-import copy
 import ctypes
 import os
-import pickle
 import signal
 import sys
 
 import torch
 import torch.multiprocessing as mp
-from torch import nn
 
 from ...errors import ConfigError
 
@@ -95,19 +92,6 @@ def worker_device(device: str, m: int) -> torch.device:
     if device == "cuda" and torch.cuda.device_count() > 1:
         return torch.device("cuda", m % torch.cuda.device_count())
     return torch.device(device)
-
-
-def module_blob(module: nn.Module) -> bytes:
-    """The model, pickled for the children (each one's FlatModel flattens it again)."""
-    clone = copy.deepcopy(module).cpu()
-    for p in clone.parameters():   # own storages: the run's parameters are views of one flat vector
-        p.data = p.data.clone()
-        p.grad = None
-    try:
-        return pickle.dumps(clone)
-    except Exception as e:
-        raise ConfigError("model", f"cannot be pickled ({e}), and the local runtime sends it to its worker "
-                                   f"processes by pickling it; define {type(module).__name__} at module level") from None
 
 
 def describe_exit(proc) -> str:

@@ -27,7 +27,7 @@ from ...server import to_device
 from ..base import Training
 from .child import worker_main
 from .evaluator import _Evaluator
-from .processes import context, default_threads, describe_exit, module_blob
+from .processes import context, default_threads, describe_exit
 from .protocol import (ADOPT, ERROR, METERS_WIDTH, OK, PULL, PUSH, READY, RESTORE, STATE, STOP, WEIGHTS, Buffers,
                        WorkerError, shared, zeros)
 from .stats import Measurements
@@ -131,7 +131,7 @@ class _Session:
         w = self.server.w.detach()
         numel = w.numel()
         device = self.training.worker_factory.device   # "cuda" (no index): workers spread over the GPUs
-        blob = module_blob(self.factory.model.module)
+        blob = self.factory.module_blob()
         factory = self.factory.portable(shared(self.factory.x), shared(self.factory.y))
         w_cpu = w.cpu()
         self.pull_bufs = [zeros(numel).copy_(w_cpu) for _ in range(M)]

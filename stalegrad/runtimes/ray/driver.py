@@ -94,8 +94,7 @@ class Driver:
                                      max_restarts=0)(WorkerActor)
         if rt.worker_resources:
             self.worker_cls = self.worker_cls.options(resources=dict(rt.worker_resources))
-        from ..local.processes import module_blob
-        self.blob = module_blob(self.factory.model.module)
+        self.blob = self.factory.module_blob()
         self.x = ray.put(self.factory.x.cpu().numpy())
         self.y = ray.put(self.factory.y.cpu().numpy())
         self.portable = self.factory.portable(None, None)
