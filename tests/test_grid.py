@@ -103,7 +103,7 @@ def test_every_experiment_file_validates(path, run):
     this machine lacks; everything else is checked as `train` checks it."""
     code, out, err = run(path, "--dry-run")
     assert code == 0, err
-    expected = {"dcasgd_cifar10": 27, "agn_mnist": 147, "dcasgd_fashion": 180, "agn_fashion": 54}
+    expected = {"dcasgd_cifar10": 27, "agn_mnist": 196, "dcasgd_fashion": 234, "agn_fashion": 72}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
 
 
