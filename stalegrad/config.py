@@ -41,6 +41,7 @@ class RunConfig:
     on_nonfinite: str = "skip"
     checkpoint_every: int = 0
     init: str = "torch"                  # weight initialisation: torch, glorot-uniform, he-normal (models/init.py)
+    probe_every: int = 0                 # simulator probes every this many server updates (stalegrad/prober.py)
     extra: dict = field(default_factory=dict)   # recorded in config.json as given (data set, model name, ...)
 
     @classmethod
@@ -82,6 +83,7 @@ class RunConfig:
         if not _is_int(self.checkpoint_every) or self.checkpoint_every < 0:
             raise ConfigError("checkpoint_every", f"must be a non-negative integer (server updates), "
                                                   f"got {self.checkpoint_every!r}")
+        self._check_probes(algo)
         self._check_device()
         return dataclasses.replace(self, algorithm=algo, workers=workers, epochs=epochs, eval_every=eval_every,
                                    lr=lr, lr_gamma=lr_gamma, lr_milestones=milestones)
@@ -99,6 +101,17 @@ class RunConfig:
         if any(b <= a for a, b in zip(values, values[1:])):
             raise ConfigError("lr_milestones", f"must be increasing, e.g. 80,120, got {list(values)}")
         return values
+
+    def _check_probes(self, algo: Algorithm) -> None:
+        if not _is_int(self.probe_every) or self.probe_every < 0:
+            raise ConfigError("probe_every", f"must be a non-negative integer (server updates; 0: no probes), "
+                                             f"got {self.probe_every!r}")
+        if self.probe_every and probe_kind(algo) is None:
+            raise ConfigError("probe_every", f"measures asynchronous gradients and commits (sgd, asgd, dcasgd-c, "
+                                             f"dcasgd-a, agn, downpour, dynsgd), not {algo.name}")
+        if self.probe_every and self.checkpoint_every:
+            raise ConfigError("probe_every", "cannot be combined with checkpoint_every: checkpoints do not hold "
+                                             "the probes' state; drop one of them")
 
     def _check_device(self) -> None:
         if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
@@ -132,7 +145,19 @@ class RunConfig:
                 "batch_size": self.batch_size, "lr": self.lr, "lr_milestones": list(self.lr_milestones),
                 "lr_gamma": self.lr_gamma, "eval_every": self.eval_every, "partition": self.partition,
                 "seed": self.seed, "device": self.device, "on_nonfinite": self.on_nonfinite,
-                "checkpoint_every": self.checkpoint_every, "init": self.init, **self.extra}
+                "checkpoint_every": self.checkpoint_every, "init": self.init, "probe_every": self.probe_every,
+                **self.extra}
+
+
+def probe_kind(algorithm: Algorithm) -> str | None:
+    """What the simulator's probes measure of ``algorithm``: 'gradient' (one gradient at the pulled
+    weights, applied asynchronously), 'commit' (an accumulated commit), or None (not measured)."""
+    from .algorithms.agn import CommitAlgorithm
+    if algorithm.synchronous or not algorithm.pull_before_compute:
+        return None
+    if algorithm.vectorisable:
+        return "gradient"
+    return "commit" if isinstance(algorithm, CommitAlgorithm) else None
 
 
 def default_lr(algorithm: Algorithm) -> float:

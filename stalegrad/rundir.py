@@ -6,6 +6,7 @@
     summary.json     final/best accuracy, times, updates, staleness, weights hash
     model.pt         the final model (state_dict plus what rebuilds it)
     checkpoint.pt    the complete state, with --checkpoint-every
+    probes.jsonl     one JSON object per probe, with --probe-every (stalegrad/prober.py)
 
 The guarantees, in the order a run meets them:
 
@@ -35,7 +36,8 @@ from pathlib import Path
 from .errors import RunError
 from .results import OutputError, atomic_open, atomic_write, json_text, write_json
 
-RUN_FILES = ("config.json", "metrics.jsonl", "staleness.json", "summary.json", "model.pt", "checkpoint.pt")
+RUN_FILES = ("config.json", "metrics.jsonl", "staleness.json", "summary.json", "model.pt", "checkpoint.pt",
+             "probes.jsonl")
 LOCK_FILE = ".lock"
 
 
@@ -116,6 +118,9 @@ class RunWriter:
         import torch
         self._guard(write_json, self.dir / "staleness.json", result.staleness)
         self._guard(write_json, self.dir / "summary.json", result.summary)
+        if getattr(result, "probes", None) is not None:
+            self._guard(atomic_write, self.dir / "probes.jsonl",
+                        "".join(json_text(r) + "\n" for r in result.probes).encode())
         payload = {"state_dict": result.model.state_dict(), "weights": result.weights.cpu(),
                    "model": model_spec or {}, "summary": result.summary}
 

@@ -37,6 +37,7 @@ class TrainResult:
     weights: Tensor
     model: nn.Module
     staleness_log: StalenessLog   # (worker, tau) of every applied update, in order
+    probes: list[dict] | None = None   # with probe_every: one record per probe (stalegrad/prober.py)
 
     def update_log(self) -> list[tuple[int, int]]:
         return list(zip(self.staleness_log.workers, self.staleness_log.taus))
@@ -88,6 +89,12 @@ class TrainingRun:
         self._start = time.perf_counter()
         self._on_eval = on_eval
         self._progress = progress
+        self.probes = None   # the simulator's hook (runtimes/base.py), with probe_every
+        if config.probe_every:
+            from .prober import Prober
+            self.probes = Prober(config.probe_every, algorithm, self.model.module, self.worker_factory.x,
+                                 self.worker_factory.y, config.seed, config.workers)
+            self.resolved["probes"] = self.probes.describe()
 
     # ---- the runtime contract (runtimes/base.py) ---------------------------------
     @property
@@ -235,7 +242,8 @@ class TrainingRun:
         self.model.load(self.server.w)
         return TrainResult(metrics=self.metrics, staleness=stal, summary=summary, config=self.resolved,
                            weights=self.server.w.clone(), model=self.model.module,
-                           staleness_log=self.server.staleness)
+                           staleness_log=self.server.staleness,
+                           probes=self.probes.records if self.probes is not None else None)
 
 
 def _resolve_model(model, input_shape, num_classes) -> nn.Module:
@@ -287,6 +295,9 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
     runtime = make_runtime(runtime if runtime is not None else "sim")
     if hasattr(runtime, "check"):   # optional part of the contract: runtime options against this run
         runtime.check(config)
+    if config.probe_every and not getattr(runtime, "supports_probes", False):
+        raise ConfigError("probe_every", f"needs the simulator (runtime sim), which alone can recompute a stale "
+                                         f"gradient; runtime {runtime.describe().get('name')} cannot")
     torch.manual_seed(config.seed)
     num_classes = int(getattr(train_data, "num_classes", int(train_data.y.max()) + 1))
     module = _resolve_model(model, tuple(train_data.x.shape[1:]), num_classes)

@@ -111,6 +111,10 @@ class BatchStream:
         self.pos = pos + size
         return order.narrow(0, pos, size)
 
+    def last(self) -> Tensor:
+        """The indices that the last ``next()`` returned (the probes recompute on that mini-batch)."""
+        return self.order.narrow(0, self.pos - self.batch_size, self.batch_size)
+
     def extend(self, indices: Tensor) -> None:
         """Adopt more samples (a lost worker's shard): shuffled, they join the rest of
         the current pass and are part of every later pass."""

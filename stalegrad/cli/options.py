@@ -131,6 +131,9 @@ def run_options(f):
                      help="a NaN/Inf gradient or commit: skip it (and count it) or stop the run"),
         click.option("--checkpoint-every", type=int, default=0, show_default=True,
                      help="save the complete state to --out/checkpoint.pt every N server updates (0: never)"),
+        click.option("--probe-every", type=int, default=0, show_default=True,
+                     help="--runtime sim: every K-th server update, measure the stale message against the fresh "
+                          "gradient and its alignment; writes --out/probes.jsonl (0: never; see README)"),
         click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
                      help="TOML file of options (keys as flag names); flags win"),
         click.option("--overwrite", is_flag=True, help="replace a run already in --out"),
@@ -214,7 +217,7 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
                      lr=p["lr"], lr_milestones=p["lr_milestones"] or (), lr_gamma=p["lr_gamma"],
                      eval_every=p["eval_every"], partition=p["partition"], seed=p["seed"], device=p["device"],
                      on_nonfinite=p["on_nonfinite"], checkpoint_every=p["checkpoint_every"], init=p["init"],
-                     extra=extra).validate()
+                     probe_every=p.get("probe_every", 0), extra=extra).validate()
 
 
 SIM_ONLY = (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False))
@@ -225,6 +228,9 @@ RAY_ONLY = (("address", None), ("ps_shards", 1), ("cpus_per_worker", 1.0), ("gpu
 def build_runtime(p: dict):
     """The runtime that --runtime names, with its options (flags of another runtime are refused)."""
     runtime = p["runtime"]
+    if runtime != "sim" and p.get("probe_every"):
+        raise ConfigError("probe_every", f"applies to runtime sim: only the simulator can recompute a stale gradient "
+                                         f"at the server's weights; runtime {runtime} cannot")
     if runtime != "sim":
         for name, default in SIM_ONLY:
             if p.get(name, default) != default:

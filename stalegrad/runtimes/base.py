@@ -20,6 +20,12 @@ The loop of every runtime, for worker m (``w = factory.build(m)``)::
 
 until ``training.done``. ``run(training, seed=..., resume=state)`` is handed
 back the dict it last gave ``save_checkpoint`` when a run is resumed.
+
+Optional: a runtime that declares ``supports_probes = True`` (only the
+simulator, which alone can recompute a stale gradient) hands every message to
+``training.probes.observe(m, worker, pulled, msg, server, lr, training.epoch)``
+before pushing it, when ``getattr(training, "probes", None)`` is not None
+(``stalegrad.prober``; ``train`` refuses ``probe_every`` for other runtimes).
 """
 from __future__ import annotations
 

@@ -65,6 +65,7 @@ class EventLoop:
 
     def run(self) -> None:
         training, server, algo = self.training, self.server, self.algo
+        probes = getattr(training, "probes", None)   # stalegrad.prober.Prober with --probe-every
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             worker = self.workers[m]
@@ -72,7 +73,10 @@ class EventLoop:
             loss, computed = worker.compute(self.pulled[m], lr)
             if not algo.pull_before_compute:
                 self.pulled[m] = server.pull(m, out=self.pulled[m])
-            server.push(m, worker.message(self.pulled[m], computed), lr)
+            msg = worker.message(self.pulled[m], computed)
+            if probes is not None:
+                probes.observe(m, worker, self.pulled[m], msg, server, lr, training.epoch)
+            server.push(m, msg, lr)
             training.after_push(worker.samples_per_message, loss, self.now)
             self.continue_after_push(m)
         training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
@@ -140,6 +144,7 @@ class Replay:
         training, server, trace = self.training, self.server, self.trace
         n, M = len(trace.workers), len(self.workers)
         wants, pending, has_pulled, pulled = self.wants, self.pending, self.has_pulled, self.pulled
+        probes = getattr(training, "probes", None)
         per_event = self.step_time / max(1, M)
         while not training.done:
             i = self.i
@@ -157,7 +162,10 @@ class Replay:
             else:                        # elastic averaging pulls the centre after its local steps
                 loss, computed = worker.compute(None, lr)
                 self.pull(m)
-            server.push(m, worker.message(pulled[m], computed), lr)
+            msg = worker.message(pulled[m], computed)
+            if probes is not None:
+                probes.observe(m, worker, pulled[m], msg, server, lr, training.epoch)
+            server.push(m, msg, lr)
             has_pulled[m] = False
             pending[m] += 1
             if trace.wall_s is not None and not exhausted:

@@ -22,6 +22,7 @@ class Simulator:
     delay: str | DelayModel = "uniform"
     step_time: float = 1.0   # virtual seconds of one local step of a speed-1 worker
     vectorised: bool = False  # batch the gradients of workers whose pushes fall due together
+    supports_probes = True    # calls training.probes.observe (stalegrad/prober.py) with every message
 
     def __post_init__(self):
         check_finite_positive("step_time", self.step_time)

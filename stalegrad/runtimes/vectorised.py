@@ -168,6 +168,7 @@ class VectorisedLoop(EventLoop):
 
     def run(self) -> None:
         training, server = self.training, self.server
+        probes = getattr(training, "probes", None)
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
@@ -177,6 +178,9 @@ class VectorisedLoop(EventLoop):
                 self.grad.fold_running_stats(stats)
             worker = self.workers[m]
             lr = training.lr
-            server.push(m, worker.message(self.pulled[m], g), lr)
+            msg = worker.message(self.pulled[m], g)
+            if probes is not None:
+                probes.observe(m, worker, self.pulled[m], msg, server, lr, training.epoch)
+            server.push(m, msg, lr)
             training.after_push(worker.samples_per_message, loss, self.now)
             self.continue_after_push(m)
