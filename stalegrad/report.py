@@ -14,10 +14,11 @@ from pathlib import Path
 from .errors import UsageError
 from .metrics import temporal_efficiency
 from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
+from .report_probes import analyse_probes, plot_probes, render_probes
 from .results import atomic_write, read_run, write_json
 
 # Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
-IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace")
+IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace", "probe_every", "probes")   # probes change nothing
 VARIANTS = ("central", "workers")
 WINDOW_S = 5.0          # the workers variant: training accuracy averaged over windows of real time
 TARGET_FRACTION = 0.9   # default target: 0.9 x the best group's mean best test accuracy
@@ -354,7 +355,9 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     except OSError as e:
         raise ReportError(f"--out {out}: cannot create it ({e.strerror})") from None
     report["plots"], report["skipped_plots"] = make_plots(groups, report, out, heat_axes, heat_why)
+    report["probes"] = analyse_probes(groups)   # runs with --probe-every (report_probes.py)
+    probe_plots = plot_probes(report["probes"], out)
     write_json(out / "report.json", report)
     path = out / "report.md"
-    atomic_write(path, render(report).encode())
+    atomic_write(path, "\n".join([render(report), *render_probes(report["probes"], probe_plots)]).encode())
     return path

@@ -160,6 +160,15 @@ def test_cli_writes_probes_jsonl_and_refuses_other_runtimes(tmp_path, capsys):
     lines = [json.loads(x) for x in (out / "probes.jsonl").read_text().splitlines()]
     assert lines and all(x["update"] % 3 == 0 for x in lines)
     assert json.loads((out / "config.json").read_text())["probe_every"] == 3
+    from stalegrad.report import write_report
+    from stalegrad.report_probes import compensation_bins, tau_bin
+    md = write_report([out], tmp_path / "report").read_text()
+    assert "## Probes" in md and "DC-ASGD-a" in md and "cos towards minimum" in md
+    section = json.loads((tmp_path / "report" / "report.json").read_text())["probes"]
+    assert section["compensation"][0]["bins"] == json.loads(json.dumps(compensation_bins(lines)))
+    assert section["alignment"][0]["n"] == len(lines)
+    assert [tau_bin(t) for t in (0, 1, 2, 3, 4, 7, 8, 15)] == [(0, 0), (1, 1), (2, 3), (2, 3), (4, 7), (4, 7),
+                                                                (8, 15), (8, 15)]
     capsys.readouterr()
     code = main(["train", "--runtime", "local", "--probe-every", "3", "--out", str(tmp_path / "l")])
     err = capsys.readouterr().err
