@@ -62,8 +62,9 @@ class Prober:
     """Measures every ``every``-th server update of one simulated run (see the module docstring)."""
 
     def __init__(self, every: int, algorithm: Algorithm, module: nn.Module, x: Tensor, y: Tensor, seed: int,
-                 num_workers: int, hessian: str | None = "auto"):
+                 num_workers: int, hessian: str | None = "auto", epoch=lambda: 0.0):
         self.every, self.algorithm, self.module, self.x, self.y = every, algorithm, module, x, y
+        self.epoch = epoch   # the run's epoch now, for the records
         self.kind = probe_kind(algorithm)
         self.layout, offset = [], 0
         for name, p in module.named_parameters():
@@ -94,7 +95,7 @@ class Prober:
                    if self.kind == "gradient" else {})}
 
     # ---- the hook ------------------------------------------------------------------
-    def observe(self, m: int, worker, pulled: Tensor, msg: Tensor, server, lr: float, epoch: float) -> None:
+    def observe(self, m: int, worker, pulled: Tensor, msg: Tensor, server, lr: float) -> None:
         """Worker ``m``'s message ``msg``, computed from ``pulled``, is about to be pushed to ``server``."""
         finite = bool(torch.isfinite(msg).all())
         ms = None
@@ -105,7 +106,7 @@ class Prober:
         update = -lr * msg if self.kind == "gradient" else msg.clone()
         if finite and server.version % self.every == 0:
             tau = server.version - server.pulled_version[m]
-            record = {"update": server.version, "epoch": round(epoch, 6), "worker": m, "tau": tau}
+            record = {"update": server.version, "epoch": round(self.epoch(), 6), "worker": m, "tau": tau}
             with self._isolated():
                 if self.kind == "gradient":
                     record.update(self._compensation(worker, pulled, msg, server.w, ms))

@@ -93,7 +93,7 @@ class TrainingRun:
         if config.probe_every:
             from .prober import Prober
             self.probes = Prober(config.probe_every, algorithm, self.model.module, self.worker_factory.x,
-                                 self.worker_factory.y, config.seed, config.workers)
+                                 self.worker_factory.y, config.seed, config.workers, epoch=lambda: self.epoch)
             self.resolved["probes"] = self.probes.describe()
 
     # ---- the runtime contract (runtimes/base.py) ---------------------------------

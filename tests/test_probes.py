@@ -129,9 +129,9 @@ def test_alignment_with_the_previous_commit_of_another_worker(digits):
     prober = Prober(1, sg.AGN(), build_model("logreg", (1, 8, 8), 10), train.x, train.y, 0, 2)
     u = torch.randn(prober.numel)
     server = SimpleNamespace(version=0, pulled_version=[0, 0], w=torch.zeros(prober.numel))
-    prober.observe(0, None, torch.zeros(prober.numel), u, server, 0.1, 0.0)
-    prober.observe(0, None, torch.zeros(prober.numel), 2 * u, server, 0.1, 0.0)   # same worker: not "another"
-    prober.observe(1, None, torch.zeros(prober.numel), u, server, 0.1, 0.0)
+    prober.observe(0, None, torch.zeros(prober.numel), u, server, 0.1)
+    prober.observe(0, None, torch.zeros(prober.numel), 2 * u, server, 0.1)   # same worker: not "another"
+    prober.observe(1, None, torch.zeros(prober.numel), u, server, 0.1)
     assert prober.records[0]["cos_prev"] is None and prober.records[1]["cos_prev"] is None
     assert prober.records[2]["cos_prev"] == pytest.approx(1.0, abs=1e-12)
     assert prober.records[2]["update_norm"] == pytest.approx(float(u.norm()), rel=1e-6)

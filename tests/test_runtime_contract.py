@@ -20,7 +20,7 @@ from helpers import Stop, blobs, stop_after_first_checkpoint
 
 TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
 CONTRACT = {"server", "worker_factory", "test_data", "lr", "done", "after_push", "evaluation_due", "checkpoint_due",
-            "checkpoint_every", "save_checkpoint", "evaluate", "note"}
+            "checkpoint_every", "save_checkpoint", "evaluate", "note", "probes"}
 
 
 class ContractOnly:

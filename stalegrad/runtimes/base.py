@@ -23,9 +23,9 @@ back the dict it last gave ``save_checkpoint`` when a run is resumed.
 
 Optional: a runtime that declares ``supports_probes = True`` (only the
 simulator, which alone can recompute a stale gradient) hands every message to
-``training.probes.observe(m, worker, pulled, msg, server, lr, training.epoch)``
-before pushing it, when ``getattr(training, "probes", None)`` is not None
-(``stalegrad.prober``; ``train`` refuses ``probe_every`` for other runtimes).
+``training.probes.observe(m, worker, pulled, msg, server, lr)`` before pushing
+it, when ``training.probes`` is not None (``stalegrad.prober``; ``train``
+refuses ``probe_every`` for other runtimes).
 """
 from __future__ import annotations
 
@@ -97,6 +97,12 @@ class Training(Protocol):
 
     def evaluate(self, evaluator: Evaluator | None = None) -> None:
         """Evaluate the server's weights now (or hand a snapshot to ``evaluator``)."""
+
+    @property
+    def probes(self):
+        """None, or (``probe_every``) the ``stalegrad.prober.Prober`` that a runtime declaring
+        ``supports_probes = True`` hands each message with ``observe(m, worker, pulled, msg, server, lr)``
+        just before pushing it."""
 
     def note(self, text: str | None = None, **figures) -> None:
         """Report something: ``text`` joins the run's notes, ``figures`` its summary.json

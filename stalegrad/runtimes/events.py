@@ -65,7 +65,7 @@ class EventLoop:
 
     def run(self) -> None:
         training, server, algo = self.training, self.server, self.algo
-        probes = getattr(training, "probes", None)   # stalegrad.prober.Prober with --probe-every
+        probes = training.probes   # a stalegrad.prober.Prober with --probe-every, else None
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             worker = self.workers[m]
@@ -75,7 +75,7 @@ class EventLoop:
                 self.pulled[m] = server.pull(m, out=self.pulled[m])
             msg = worker.message(self.pulled[m], computed)
             if probes is not None:
-                probes.observe(m, worker, self.pulled[m], msg, server, lr, training.epoch)
+                probes.observe(m, worker, self.pulled[m], msg, server, lr)
             server.push(m, msg, lr)
             training.after_push(worker.samples_per_message, loss, self.now)
             self.continue_after_push(m)
@@ -144,7 +144,7 @@ class Replay:
         training, server, trace = self.training, self.server, self.trace
         n, M = len(trace.workers), len(self.workers)
         wants, pending, has_pulled, pulled = self.wants, self.pending, self.has_pulled, self.pulled
-        probes = getattr(training, "probes", None)
+        probes = training.probes
         per_event = self.step_time / max(1, M)
         while not training.done:
             i = self.i
@@ -164,7 +164,7 @@ class Replay:
                 self.pull(m)
             msg = worker.message(pulled[m], computed)
             if probes is not None:
-                probes.observe(m, worker, pulled[m], msg, server, lr, training.epoch)
+                probes.observe(m, worker, pulled[m], msg, server, lr)
             server.push(m, msg, lr)
             has_pulled[m] = False
             pending[m] += 1

@@ -168,7 +168,7 @@ class VectorisedLoop(EventLoop):
 
     def run(self) -> None:
         training, server = self.training, self.server
-        probes = getattr(training, "probes", None)
+        probes = training.probes
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
@@ -180,7 +180,7 @@ class VectorisedLoop(EventLoop):
             lr = training.lr
             msg = worker.message(self.pulled[m], g)
             if probes is not None:
-                probes.observe(m, worker, self.pulled[m], msg, server, lr, training.epoch)
+                probes.observe(m, worker, self.pulled[m], msg, server, lr)
             server.push(m, msg, lr)
             training.after_push(worker.samples_per_message, loss, self.now)
             self.continue_after_push(m)
