@@ -8,11 +8,12 @@ server version it records one line of ``probes.jsonl`` (the math is in
 - gradient rules (sgd, asgd, dcasgd-c, dcasgd-a): ``g_now``, the gradient at the
   server's current weights on the *same* mini-batch the worker used (its
   indices are read back from the worker's stream, never drawn again), and the
-  relative error and cosine against it of the stale ``g`` and of the DC-ASGD-c
-  and DC-ASGD-a corrections, whichever rule trains; on models where it is
-  affordable, the Hessian diagonal at the pulled weights (exact for piecewise
-  linear networks, Hutchinson's estimate otherwise) against ``g*g``, and the
-  first-order prediction with it;
+  relative error and cosine against it of the stale ``g``, of the DC-ASGD-c
+  and DC-ASGD-a corrections, whichever rule trains, and of the first-order
+  prediction ``g + H (w - w_bak)`` with the whole Hessian (one Hessian-vector
+  product); on models where it is affordable, the Hessian diagonal at the
+  pulled weights (exact for piecewise linear networks, Hutchinson's estimate
+  otherwise) against ``g*g``, and the first-order prediction with it;
 - every rule it supports: the cosine of the update (``-g`` or the commit) with
   minus the gradient of a fixed batch of training samples at the pulled
   weights, and with the previous update of another worker; the update's norm.
@@ -123,7 +124,9 @@ class Prober:
         g_now = self.gradient(w, x, y)
         out = {"drift": float(torch.linalg.vector_norm(w - pulled)), "norm_g_now": float(torch.linalg.vector_norm(g_now))}
         guesses = {"g": g, "dc_c": pm.dc_constant(g, w, pulled, self.lam),
-                   "dc_a": pm.dc_adaptive(g, w, pulled, ms, self.lam0, self.eps)}
+                   "dc_a": pm.dc_adaptive(g, w, pulled, ms, self.lam0, self.eps),
+                   # the whole first-order term H (w - w_bak), one Hessian-vector product: first order alone
+                   "full_h": g + self.hessian_vector(pulled, x, y, w - pulled)}
         if self.hessian is not None:
             h = self.hessian_diagonal(pulled, x, y)
             guesses["taylor"] = pm.taylor(g, h, w, pulled)
@@ -157,6 +160,12 @@ class Prober:
         """The mini-batch loss's gradient at flat weights ``w`` (a new tensor)."""
         leaf = w.detach().clone().requires_grad_(True)
         return torch.autograd.grad(self._loss(leaf, x, y), leaf)[0]
+
+    def hessian_vector(self, w: Tensor, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
+        """H v, the mini-batch loss's Hessian at ``w`` times ``v`` (double backward)."""
+        leaf = w.detach().clone().requires_grad_(True)
+        grad = torch.autograd.grad(self._loss(leaf, x, y), leaf, create_graph=True)[0]
+        return torch.autograd.grad(grad, leaf, v)[0].detach()
 
     def hessian_diagonal(self, w: Tensor, x: Tensor, y: Tensor) -> Tensor:
         """The diagonal of the mini-batch loss's Hessian at ``w``: exact (Gauss-Newton, which equals it for a

@@ -18,7 +18,7 @@ import math
 import statistics
 from pathlib import Path
 
-GUESSES = (("g", "stale g"), ("dc_c", "DC-ASGD-c"), ("dc_a", "DC-ASGD-a"), ("taylor", "exact diag(H)"))
+GUESSES = (("g", "stale g"), ("dc_c", "DC-ASGD-c"), ("dc_a", "DC-ASGD-a"), ("taylor", "diag(H)"), ("full_h", "full H"))
 PROBES_FILE = "probes.jsonl"
 
 
@@ -105,22 +105,24 @@ def render_probes(section: dict, plots: dict) -> list[str]:
         out += ["### Delay compensation: the stale gradient and its corrections against the fresh one", "",
                 "Per tau bin: the median relative error `|x - g_now| / |g_now|` and the median cosine with "
                 "`g_now` (the gradient at the server's weights on the same mini-batch), and the share of probes "
-                "where a correction is closer to `g_now` than the stale `g` is. `diag(H)`: the first-order "
-                "prediction with the exact Hessian diagonal (first-order error alone); `corr`: the median "
+                "where a correction is closer to `g_now` than the stale `g` is. `full H`: the first-order prediction "
+                "`g + H (w - w_bak)` with the whole Hessian at the pulled weights (the first-order error alone); "
+                "`diag(H)`: with its exact diagonal only (adds the diagonal's error); DC-ASGD-c/-a: with "
+                "`lam*g*g` (adds the error of `g*g`); `corr`: the median "
                 "correlation of `g*g` with that diagonal; `lam*`: the median least-squares lambda of "
                 "`diag(H) ~ lam*g*g`; drift: median `|w - w_bak|`.", ""]
         for c in section["compensation"]:
             out += [f"**{c['label']}**" + (f" ({c['dataset']}, {c['model']})" if c.get("dataset") else ""), ""]
             head = ["tau", "n", "drift"] + [f"err {name}" for _, name in GUESSES] + \
-                   [f"cos {name}" for _, name in GUESSES] + ["DC-c better", "DC-a better", "diag(H) better",
-                                                             "corr", "lam*"]
+                   [f"cos {name}" for _, name in GUESSES] + \
+                   [f"{name} better" for key, name in GUESSES if key != "g"] + ["corr", "lam*"]
             out += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
             for b in c["bins"]:
                 low, high = b["tau"]
                 cells = [str(low) if low == high else f"{low}-{high}", str(b["n"]), _f(b["drift"], ".3g")]
                 cells += [_f(b.get(f"err_{k}"), ".4f") for k, _ in GUESSES]
                 cells += [_f(b.get(f"cos_{k}"), ".4f") for k, _ in GUESSES]
-                cells += [_f(b.get(f"better_{k}"), ".0%") for k in ("dc_c", "dc_a", "taylor")]
+                cells += [_f(b.get(f"better_{k}"), ".0%") for k, _ in GUESSES if k != "g"]
                 cells += [_f(b.get("corr_h_gg")), _f(b.get("lam_fit"), ".3g")]
                 out.append("| " + " | ".join(cells) + " |")
             out.append("")

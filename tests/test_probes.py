@@ -80,6 +80,8 @@ def test_exact_hessian_diagonal_equals_torch_func_hessian(build):
     w = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
     full = torch.func.hessian(lambda v: prober._loss(v, x, y))(w)
     torch.testing.assert_close(prober.hessian_diagonal(w, x, y), full.diagonal(), rtol=1e-4, atol=1e-6)
+    v = torch.randn(w.numel())
+    torch.testing.assert_close(prober.hessian_vector(w, x, y, v), full @ v, rtol=1e-4, atol=1e-5)
     assert not piecewise_linear(nn.Sequential(nn.Linear(2, 2), nn.Tanh()))
     assert not piecewise_linear(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
 
@@ -110,7 +112,7 @@ def test_probed_run_has_the_unprobed_weights(digits, algo, options):
     assert all(p["update"] % 4 == 0 for p in probes)
     assert all(-1 <= p["cos_eval"] <= 1 and p["update_norm"] > 0 for p in probes)
     if algo in ("asgd", "dcasgd-a", "dcasgd-c"):
-        assert all({"err_g", "cos_dc_c", "err_dc_a", "err_taylor", "corr_h_gg"} <= p.keys() for p in probes)
+        assert all({"err_g", "cos_dc_c", "err_dc_a", "err_taylor", "err_full_h", "corr_h_gg"} <= p.keys() for p in probes)
         assert any(p["tau"] > 0 and p["err_g"] > 0 for p in probes)
 
 
@@ -120,7 +122,7 @@ def test_at_tau_zero_the_stale_and_fresh_gradients_are_identical(digits):
     assert len(res.probes) > 3
     for p in res.probes:
         assert p["tau"] == 0 and p["drift"] == 0.0
-        for name in ("g", "dc_c", "dc_a", "taylor"):
+        for name in ("g", "dc_c", "dc_a", "taylor", "full_h"):
             assert p[f"err_{name}"] == 0.0 and p[f"cos_{name}"] == pytest.approx(1.0, abs=1e-12)
 
 
