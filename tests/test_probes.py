@@ -176,3 +176,20 @@ def test_cli_writes_probes_jsonl_and_refuses_other_runtimes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--probe-every applies to runtime sim" in err
     assert not (tmp_path / "l").exists()
+
+
+def test_batchnorm_and_dropout_models_are_probed_without_changing_training(digits):
+    # BatchNorm's running statistics and dropout's draws are restored around each probe; not piecewise
+    # linear, so the Hessian diagonal is Hutchinson's estimate
+    train, test = digits
+
+    def model():
+        torch.manual_seed(5)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2),
+                             nn.Linear(16, 10))
+    runs = [sg.train(model, train, test, "dcasgd-a", workers=2, epochs=0.2, batch_size=32, seed=2, probe_every=k)
+            for k in (0, 3)]
+    assert runs[0].summary["weights_sha256"] == runs[1].summary["weights_sha256"]
+    assert [m["test_loss"] for m in runs[0].metrics] == [m["test_loss"] for m in runs[1].metrics]
+    assert runs[1].config["probes"]["hessian"] == "hutchinson"
+    assert all(math.isfinite(p["corr_h_gg"]) for p in runs[1].probes)
