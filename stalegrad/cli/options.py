@@ -134,6 +134,9 @@ def run_options(f):
         click.option("--probe-every", type=int, default=0, show_default=True,
                      help="--runtime sim: every K-th server update, measure the stale message against the fresh "
                           "gradient and its alignment; writes --out/probes.jsonl (0: never; see README)"),
+        click.option("--tensorboard", type=click.Path(file_okay=False), default=None,
+                     help="also write TensorBoard logs (scalars, the tau histogram) to DIR (compare: DIR/ALGO); "
+                          "needs pip install 'stalegrad[tensorboard]'"),
         click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
                      help="TOML file of options (keys as flag names); flags win"),
         click.option("--overwrite", is_flag=True, help="replace a run already in --out"),

@@ -77,7 +77,7 @@ class EventLoop:
             if probes is not None:
                 probes.observe(m, worker, self.pulled[m], msg, server, lr)
             server.push(m, msg, lr)
-            training.after_push(worker.samples_per_message, loss, self.now)
+            training.after_push(worker.samples_per_message, loss, self.now, train_acc=worker.train_acc)
             self.continue_after_push(m)
         training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
 
@@ -172,7 +172,7 @@ class Replay:
                 now = trace.wall_s[i]
             else:
                 now = (i + 1) * per_event * self.algo.steps_per_message
-            training.after_push(worker.samples_per_message, loss, now)
+            training.after_push(worker.samples_per_message, loss, now, train_acc=worker.train_acc)
             self.i = i + 1
             if exhausted or pending[m] >= len(wants[m]):
                 self.pull(m)
