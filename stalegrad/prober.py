@@ -26,6 +26,7 @@ fixed batch and Hutchinson vectors from generators of its own.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -98,23 +99,25 @@ class Prober:
     # ---- the hook ------------------------------------------------------------------
     def observe(self, m: int, worker, pulled: Tensor, msg: Tensor, server, lr: float) -> None:
         """Worker ``m``'s message ``msg``, computed from ``pulled``, is about to be pushed to ``server``."""
-        finite = bool(torch.isfinite(msg).all())
+        # One pass, no allocation (an overflowing sum of finite values is merely not remembered).
+        if not math.isfinite(float(msg.sum())):
+            return   # the server skips it too
         ms = None
-        if self.kind == "gradient" and finite:
-            old = self.mean_square[m]
-            ms = pm.mean_square(old if old is not None else torch.zeros_like(msg), msg, self.ms_momentum)
-            self.mean_square[m] = ms
-        update = -lr * msg if self.kind == "gradient" else msg.clone()
-        if finite and server.version % self.every == 0:
+        if self.kind == "gradient":   # this worker's MeanSquare, pm.mean_square in place: every message counts
+            ms = self.mean_square[m]
+            if ms is None:
+                ms = self.mean_square[m] = torch.zeros_like(msg)
+            ms.mul_(self.ms_momentum).addcmul_(msg, msg, value=1 - self.ms_momentum)
+        if server.version % self.every == 0:
             tau = server.version - server.pulled_version[m]
             record = {"update": server.version, "epoch": round(self.epoch(), 6), "worker": m, "tau": tau}
+            update = -lr * msg if self.kind == "gradient" else msg
             with self._isolated():
                 if self.kind == "gradient":
                     record.update(self._compensation(worker, pulled, msg, server.w, ms))
                 record.update(self._alignment(m, pulled, update))
             self.records.append(record)
-        if finite:
-            self._remember(update, m)
+        self._remember(msg, m)
 
     # ---- what one probe measures ---------------------------------------------------
     def _compensation(self, worker, pulled: Tensor, g: Tensor, w: Tensor, ms: Tensor) -> dict:
@@ -141,13 +144,18 @@ class Prober:
     def _alignment(self, m: int, pulled: Tensor, update: Tensor) -> dict:
         toward = -self.gradient(pulled, self.x.index_select(0, self.eval_idx), self.y.index_select(0, self.eval_idx))
         prev = self.last if self.last is not None and self.last[1] != m else self.other
-        return {"cos_eval": pm.cosine(update, toward), "cos_prev": pm.cosine(update, prev[0]) if prev else None,
+        # prev is a message: a gradient rule's update is -lr times it, the same direction as this one's -lr*g
+        sign = -1.0 if self.kind == "gradient" else 1.0
+        return {"cos_eval": pm.cosine(update, toward),
+                "cos_prev": pm.cosine(update, sign * prev[0]) if prev else None,
                 "update_norm": float(torch.linalg.vector_norm(update))}
 
-    def _remember(self, update: Tensor, m: int) -> None:
+    def _remember(self, msg: Tensor, m: int) -> None:
+        """Keep the latest message and the latest of another worker, in two buffers that swap roles."""
         if self.last is not None and self.last[1] != m:
-            self.other = self.last
-        self.last = (update, m)
+            self.last, self.other = self.other, self.last
+        buf = self.last[0] if self.last is not None else torch.empty_like(msg)
+        self.last = (buf.copy_(msg), m)
 
     # ---- gradients and Hessian diagonals on the probes' own tensors ----------------
     def _params(self, w: Tensor) -> dict:
