@@ -42,6 +42,12 @@ def _median(values) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def _closer(err, than) -> bool:
+    """err < than, where an error that JSON wrote as null (an overflow: inf or NaN) is never closer, and any
+    finite error is closer than one."""
+    return err is not None and math.isfinite(err) and (than is None or not math.isfinite(than) or err < than)
+
+
 def _mean(values) -> float | None:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return statistics.fmean(vals) if vals else None
@@ -61,7 +67,7 @@ def compensation_bins(probes: list[dict]) -> list[dict]:
                 row[f"err_{key}"] = _median(p[f"err_{key}"] for p in ps)
                 row[f"cos_{key}"] = _median(p[f"cos_{key}"] for p in ps)
                 if key != "g":
-                    row[f"better_{key}"] = sum(p[f"err_{key}"] < p["err_g"] for p in ps) / len(ps)
+                    row[f"better_{key}"] = sum(_closer(p[f"err_{key}"], p["err_g"]) for p in ps) / len(ps)
         if all("corr_h_gg" in p for p in ps):
             row["corr_h_gg"] = _median(p["corr_h_gg"] for p in ps)
             row["lam_fit"] = _median(p["lam_fit"] for p in ps)

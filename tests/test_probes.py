@@ -86,6 +86,14 @@ def test_exact_hessian_diagonal_equals_torch_func_hessian(build):
     assert not piecewise_linear(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
 
 
+def test_report_bins_take_errors_that_overflowed():
+    from stalegrad.report_probes import compensation_bins
+    base = {"tau": 2, "drift": 1.0, "err_g": 1.0, "cos_g": 0.5, "err_dc_c": 0.5, "cos_dc_c": 0.9}
+    rows = compensation_bins([base, {**base, "err_dc_c": None, "cos_dc_c": None}, {**base, "err_g": None}])
+    assert rows[0]["n"] == 3 and rows[0]["better_dc_c"] == pytest.approx(2 / 3)
+    assert rows[0]["err_dc_c"] == 0.5 and rows[0]["err_g"] == 1.0   # medians of the finite values
+
+
 def test_batch_stream_last_is_what_next_returned_across_passes():
     s = BatchStream(10, 0, 1, 4, seed=3)
     for _ in range(7):                    # 10 samples, batches of 4: crosses several passes
