@@ -103,7 +103,8 @@ def test_every_experiment_file_validates(path, run):
     this machine lacks; everything else is checked as `train` checks it."""
     code, out, err = run(path, "--dry-run")
     assert code == 0, err
-    expected = {"dcasgd_cifar10": 27, "agn_mnist": 196, "dcasgd_fashion": 234, "agn_fashion": 72}
+    expected = {"dcasgd_cifar10": 27, "agn_mnist": 196, "dcasgd_fashion": 234, "agn_fashion": 72,
+                "probes_dc_digits": 3, "probes_dc_fashion": 3, "probes_agn_fashion": 12, "probes_agn_fashion_asgd": 2}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
 
 
