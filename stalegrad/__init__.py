@@ -21,7 +21,7 @@ import os
 # torch is first imported, so it acts only if stalegrad is imported first; a value the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _WHERE = {
     "train": "training", "TrainResult": "training", "TrainingRun": "training",
