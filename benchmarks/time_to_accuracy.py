@@ -127,7 +127,18 @@ def stalegrad_arm(train, test, algorithm, workers: int, runtime, target: float, 
         except Stop:
             pass
     out["evaluation"] = "own process" if evals_elsewhere else "not counted"
+    out["loadavg"] = common.load()
     return out
+
+
+class Rows(list):
+    """The table's rows, each printed as it comes (a full run takes many minutes)."""
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        if "seconds" in row:
+            print(f"  {row['arm']}: {row['seconds']:.1f} s, target {'reached' if row['reached'] else 'not reached'}, "
+                  f"best accuracy {row['best_acc']:.4f}, load average {row['loadavg']}", flush=True)
 
 
 def vectorised_commit_rules() -> bool:
@@ -143,7 +154,9 @@ def run(quick: bool = False, target: float | None = None, cap: float | None = No
     cap = cap if cap is not None else (QUICK_CAP_S if quick else CAP_S)
     train, test = sg.load_pair("fashion-mnist")
     vectorised = vectorised_commit_rules()
-    rows = [dict(arm="plain Adam (baseline)", **plain_adam(train, test, target, cap), evaluation="not counted")]
+    rows = Rows()
+    rows.append(dict(arm="plain Adam (baseline)", **plain_adam(train, test, target, cap), evaluation="not counted",
+                     loadavg=common.load()))
     agn40 = sg.AGN(window=40)
     rows.append(dict(arm="sim agn n=40 w=40", **stalegrad_arm(train, test, agn40, 40, sg.Simulator(), target, cap,
                                                               False)))
@@ -160,7 +173,7 @@ def run(quick: bool = False, target: float | None = None, cap: float | None = No
         if "seconds" in r and base:
             r["ratio"] = r["seconds"] / base
     ok = rows[0]["reached"]
-    return {"rows": rows, "target_acc": target, "cap_s": cap, "eval_every_epochs": EVAL_EVERY,
+    return {"rows": list(rows), "target_acc": target, "cap_s": cap, "eval_every_epochs": EVAL_EVERY,
             "vectorised_commit_rules": vectorised,
             "targets": {f"plain Adam reaches {target:.2f} within {cap:g} s": ok}, "table": table(rows, target)}
 
