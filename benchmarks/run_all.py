@@ -1,6 +1,6 @@
 """Run every benchmark, print its table, write its JSON into benchmarks/results/.
 
-    .venv/bin/python benchmarks/run_all.py            # everything, ~20 minutes
+    .venv/bin/python benchmarks/run_all.py            # everything, ~45 minutes
     .venv/bin/python benchmarks/run_all.py --quick    # a short smoke run
     .venv/bin/python benchmarks/run_all.py --only server_apply,compute --threads 1
 

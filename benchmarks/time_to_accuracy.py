@@ -40,7 +40,7 @@ from stalegrad.worker import FlatModel  # noqa: E402
 
 MODEL, BATCH, LR, SEED = "agn-mlp", 128, 0.001, 0
 EVAL_EVERY = 0.05                 # epochs: 3,000 samples
-TARGET, CAP_S = 0.80, 180.0
+TARGET, CAP_S = 0.85, 300.0
 QUICK_TARGET, QUICK_CAP_S = 0.70, 45.0
 LOCAL_WINDOWS = (40, 10)
 
