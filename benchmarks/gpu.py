@@ -135,7 +135,7 @@ def main(argv=None) -> int:
                   + (" (fell back to one by one)" if r["fell_back"] else ""), flush=True)
     table = common.table(
         ["run", "samples/s", "x plain", "seconds", "peak MB", "note"],
-        [[r["run"], f"{r['samples_per_s']:.0f}", f"{r['ratio']:.2f}", f"{r.get('seconds', 0):.2f}",
+        [[r["run"], f"{r['samples_per_s']:.0f}", f"{r['ratio']:.2f}", f"{r['seconds']:.2f}" if "seconds" in r else "-",
           f"{r['peak_mem_mb']:.0f}" if r.get("peak_mem_mb") else "-", "fell back" if r.get("fell_back") else ""]
          for r in rows])
     print("\n" + table)
