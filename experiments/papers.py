@@ -173,19 +173,82 @@ def agn(runs) -> tuple[dict, str]:
     return {"rows": rows, "te_above_1": share}, "\n".join(lines)
 
 
+# ---------------------------------------------------------------- plots
+
+def plot_dcasgd(result: dict, path: str) -> None:
+    """Final test accuracy against M, one line per algorithm (mean and std over seeds), one panel per
+    delay model and learning-rate rule; sequential SGD as a horizontal line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = result["rows"]
+    panels = sorted({(r["delay"], r["rule"]) for r in rows}, key=lambda k: (k[0], k[1] != "tuned"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=True, squeeze=False)
+    for ax, (delay, rule) in zip(axes[0], panels):
+        here = sorted((r for r in rows if r["delay"] == delay and r["rule"] == rule), key=lambda r: r["workers"])
+        ms = [r["workers"] for r in here]
+        for algo in DC_ALGOS:
+            pts = [(m, *r["final_test_acc"][algo]) for m, r in zip(ms, here) if algo in r["final_test_acc"]]
+            if not pts:
+                continue
+            if algo == "sgd":
+                ax.axhline(pts[0][1], color="black", ls="--", lw=1, label="sgd (1 worker)")
+                continue
+            x, y, e = zip(*pts)
+            ax.errorbar(x, y, yerr=[v if math.isfinite(v) else 0 for v in e], marker="o", capsize=3, label=algo)
+        ax.set_title(f"delay {delay}, lr: {rule}", fontsize=10)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ms, [str(m) for m in ms])
+        ax.set_xlabel("workers M")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("final test accuracy")
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_agn(result: dict, path: str) -> None:
+    """Final test accuracy against n, one line per algorithm, one panel per window."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = result["rows"]
+    windows = sorted({r["window"] for r in rows})
+    fig, axes = plt.subplots(1, len(windows), figsize=(4.5 * len(windows), 3.8), sharey=True, squeeze=False)
+    for ax, w in zip(axes[0], windows):
+        here = sorted((r for r in rows if r["window"] == w), key=lambda r: r["workers"])
+        for algo in AGN_ALGOS:
+            pts = [(r["workers"], *r["final_test_acc"][algo]) for r in here
+                   if math.isfinite(r["final_test_acc"][algo][0])]
+            if pts:
+                x, y, e = zip(*pts)
+                ax.errorbar(x, y, yerr=[v if math.isfinite(v) else 0 for v in e], marker="o", capsize=3, label=algo)
+        ax.set_title(f"window {w}", fontsize=10)
+        ax.set_xlabel("workers n")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("final test accuracy")
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paper", choices=("dcasgd", "agn"))
     ap.add_argument("grid_dir", help="a grid's --out directory (or any directory of run directories)")
-    ap.add_argument("--out", help="write the markdown here (and FILE.json beside it); else print it")
+    ap.add_argument("--out", help="write the markdown here (and FILE.json, FILE.png beside it); else print it")
     args = ap.parse_args(argv)
     runs = load_runs([args.grid_dir])
     result, text = (dcasgd if args.paper == "dcasgd" else agn)(runs)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-        with open(args.out.rsplit(".", 1)[0] + ".json", "w") as f:
+        stem = args.out.rsplit(".", 1)[0]
+        with open(stem + ".json", "w") as f:
             f.write(json_text(result, indent=1) + "\n")
+        (plot_dcasgd if args.paper == "dcasgd" else plot_agn)(result, stem + ".png")
     else:
         print(text)
     return 0
