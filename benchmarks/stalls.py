@@ -1,7 +1,7 @@
 """Stalls: the diverging runs of issue 11 part 4, timed per sixteenth of an epoch.
 
 Fashion-MNIST, mlp, M = 16, lr 0.1 (both rules diverge to chance accuracy
-within 4 epochs), 8 intervals of 1/16 epoch,
+within 4 epochs), 0.5 epoch in 8 intervals of 1/16 (--quick: 1/64),
 dcasgd-c and asgd, torch's default threads (one per core), next to one busy
 neighbour process (a Python spin loop: "a machine otherwise nearly idle"
 still has a job on one core). Each configuration runs in a fresh process,
