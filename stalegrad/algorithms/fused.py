@@ -31,6 +31,8 @@ from ..errors import ConfigError
 F32_OVERFLOW = (2 - 2 ** -24) * 2.0 ** 127
 _F32_MAX = np.finfo(np.float32).max
 KERNEL_SETTINGS = ("auto", "numba", "torch")
+# A parallel kernel's launch costs about 50 us, a serial pass over ~200K elements (1 thread, in cache).
+PARALLEL_ABOVE = 1 << 19
 
 _kernels = None          # the compiled kernels (a dict), once loaded
 _unavailable = None      # why they cannot be loaded, once known
@@ -73,9 +75,24 @@ def _load():
     except ImportError as e:     # numba is not installed (the 'fast' extra)
         _unavailable = f"numba is not installed ({e}); pip install 'stalegrad[fast]'"
         return None
+    _prefer_workqueue()
     _kernels = _numba_kernels.warm()
     load_seconds = time.perf_counter() - start
     return _kernels
+
+
+def _prefer_workqueue() -> None:
+    """numba's own thread pool ("workqueue") unless the user chose a threading layer.
+
+    With its OpenMP layer, numba shares the libgomp that torch loaded, and after a kernel
+    its threads kept spinning: every later torch operation of the process (a worker's step
+    in the simulator) ran beside a busy core. Measured with one torch thread: a 1M-element
+    copy took 8 ms of process CPU time instead of 0.07, before and after a sleep.
+    The workqueue's threads sleep when idle. It does not nest parallel kernels, which
+    the server never does (one thread applies the updates)."""
+    import numba
+    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+        numba.config.THREADING_LAYER = "workqueue"
 
 
 def _threading_layer() -> str:
@@ -86,13 +103,18 @@ def _threading_layer() -> str:
         return "unknown"
 
 
-def _threads() -> None:
-    """Run on as many threads as torch does (``torch.set_num_threads``), at most numba's pool."""
+def _kernel(name: str, n: int):
+    """The serial or the parallel kernel: parallel on as many threads as torch uses
+    (``torch.set_num_threads``, at most numba's pool) for vectors of PARALLEL_ABOVE elements
+    or more, where it pays for its launch."""
     import numba
     import torch
-    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if threads == 1 or n < PARALLEL_ABOVE:
+        return _load()[name][0]
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return _load()[name][1]
 
 
 @functools.lru_cache(maxsize=256)
@@ -113,13 +135,11 @@ def finite_limit(s: float) -> np.float32:
 def max_abs(t) -> float:
     """The largest |t[i]| (NaN if an element is NaN, inf if one is infinite), in one pass."""
     import torch
-    _threads()
-    top = int(_load()["max_abs_bits"](t.view(torch.int32).numpy()))
+    top = int(_kernel("max_abs_bits", t.numel())(t.view(torch.int32).numpy()))
     return float("nan") if top > 0x7F800000 else float(np.int32(top).view(np.float32))
 
 
 def _common(w, momentum_buffer, old, weight_decay, momentum, s):
-    _threads()
     f = np.float32
     buf = momentum_buffer if momentum else old   # not touched without momentum
     return (w.numpy(), buf.numpy(), old.numpy()), (f(weight_decay), f(momentum), bool(weight_decay),
@@ -130,14 +150,14 @@ def sgd_apply(g, w, momentum_buffer, old, *, weight_decay: float, momentum: floa
     """w += s * sgd_step(g) (weight decay, then heavy-ball momentum) in place; ``old`` gets the
     old w. True when the step is finite."""
     (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
-    return _load()["sgd"](g.numpy(), w_, buf, old_, *scalars) == 0
+    return _kernel("sgd", g.numel())(g.numpy(), w_, buf, old_, *scalars) == 0
 
 
 def dcasgd_c_apply(g, w, w_bak, momentum_buffer, old, *, lam: float, weight_decay: float, momentum: float,
                    s: float) -> bool:
     """w += s * sgd_step(g + lam*g*g*(w - w_bak)) in place; as ``sgd_apply``."""
     (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
-    return _load()["dcasgd_c"](g.numpy(), w_, w_bak.numpy(), buf, old_, np.float32(lam), *scalars) == 0
+    return _kernel("dcasgd_c", g.numel())(g.numpy(), w_, w_bak.numpy(), buf, old_, np.float32(lam), *scalars) == 0
 
 
 def dcasgd_a_apply(g, w, w_bak, mean_square, momentum_buffer, old, *, lam0: float, ms_momentum: float,
@@ -145,5 +165,5 @@ def dcasgd_a_apply(g, w, w_bak, mean_square, momentum_buffer, old, *, lam0: floa
     """The MeanSquare update, then w += s * sgd_step(g + lam0/sqrt(ms+eps)*g*g*(w - w_bak)); as ``sgd_apply``."""
     (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
     f = np.float32
-    return _load()["dcasgd_a"](g.numpy(), w_, w_bak.numpy(), mean_square.numpy(), buf, old_, f(lam0),
+    return _kernel("dcasgd_a", g.numel())(g.numpy(), w_, w_bak.numpy(), mean_square.numpy(), buf, old_, f(lam0),
                                f(ms_momentum), f(1 - ms_momentum), f(eps), *scalars) == 0
