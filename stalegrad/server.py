@@ -175,6 +175,14 @@ class ParameterServer:
         self.version += 1
         return True
 
+    def kernels_info(self) -> dict:
+        """Which path applies the updates, for summary.json: the kernels, and with numba
+        the seconds their loading took in this process (compiling, or reading numba's cache)."""
+        info = {"server_kernels": self.kernels}
+        if self.kernels == "numba":
+            info["server_kernels_load_s"] = round(fused.load_seconds, 3)
+        return info
+
     @property
     def round_open(self) -> bool:
         return bool(self.round)

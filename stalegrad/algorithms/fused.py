@@ -44,15 +44,14 @@ def choose(device_type: str, dtype_ok: bool, setting: str | None = None) -> str:
     the STALEGRAD_KERNELS environment variable, else "auto") may ask for either."""
     setting = (setting or os.environ.get("STALEGRAD_KERNELS") or "auto").strip().lower()
     if setting not in KERNEL_SETTINGS:
-        raise ConfigError("kernels", f"(STALEGRAD_KERNELS) must be one of {', '.join(KERNEL_SETTINGS)}, "
-                                     f"got {setting!r}")
+        raise ConfigError("STALEGRAD_KERNELS", f"must be one of {', '.join(KERNEL_SETTINGS)}, got {setting!r}")
     if setting == "torch":
         return "torch"
     usable = device_type == "cpu" and dtype_ok and _load() is not None
     if setting == "numba" and not usable:
         why = _unavailable or "they run on float32 CPU tensors only"
-        raise ConfigError("kernels", f"(STALEGRAD_KERNELS=numba) cannot be used: {why}; "
-                                     "unset it to fall back to torch operators")
+        raise ConfigError("STALEGRAD_KERNELS", f"is numba, which cannot be used here: {why}; "
+                                               "unset it to fall back to torch operators")
     return "numba" if usable else "torch"
 
 
