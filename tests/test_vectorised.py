@@ -100,12 +100,13 @@ def test_batched_gradient_equals_each_workers_gradient():
     K, B = 4, 5
     W = torch.stack([model.flat + 0.05 * torch.randn_like(model.flat) for _ in range(K)])
     X, Y = torch.randn(K, B, 1, 8, 8), torch.randint(0, 3, (K, B))
-    losses, grads, stats = BatchedGradient(model)(W, X, Y)
+    losses, grads, stats, correct = BatchedGradient(model)(W, X, Y)
     assert stats == ()
     for k in range(K):
         loss, g = ref.loss_and_grad(W[k], X[k], Y[k])
         assert losses[k].item() == pytest.approx(loss, rel=1e-5)
         torch.testing.assert_close(grads[k], g, rtol=1e-4, atol=1e-6)
+        assert int(correct[k]) == int(ref.correct)   # the batch's correct predictions, as one by one
 
 
 @pytest.mark.parametrize("algo", ["agn", "downpour", "dynsgd", "easgd", "aeasgd"])

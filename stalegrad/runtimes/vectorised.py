@@ -66,9 +66,9 @@ class BatchedGradient:
     """Loss and flat gradient of a FlatModel's module for K weight vectors at once.
 
     ``__call__(W, X, Y)``: W is (K, n) flat weights, X (K, B, ...) and Y (K, B)
-    K mini-batches; returns the K mean losses, the (K, n) gradients and, per
-    BatchNorm layer with running statistics, the (K, C) batch means and
-    unbiased variances.
+    K mini-batches; returns the K mean losses, the (K, n) gradients, per
+    BatchNorm layer with running statistics the (K, C) batch means and
+    unbiased variances, and the K mini-batches' numbers of correct predictions.
 
     ``vmap`` over ``grad_and_value`` of the loss of ``functional_call``, with
     the parameters given as (K, *shape) views of W, one per parameter: that is
@@ -99,7 +99,8 @@ class BatchedGradient:
             # cross-entropy as log_softmax + gather: under vmap F.cross_entropy's nll_loss runs a
             # Python decomposition, ~20% of a small model's batched call
             out = -logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).mean()
-            return out, tuple(self._stats)
+            correct = (logits.detach().argmax(-1) == y).sum()
+            return out, (tuple(self._stats), correct)
 
         self._batched = vmap(grad_and_value(loss, has_aux=True), randomness="error")
 
@@ -117,14 +118,14 @@ class BatchedGradient:
         for m in self.norms:            # batch statistics only: the running ones are folded in later
             m.track_running_stats = False
         try:
-            grads, (losses, stats) = self._batched(params, X, Y)
+            grads, (losses, (stats, correct)) = self._batched(params, X, Y)
         finally:
             for m in self.norms:
                 m.track_running_stats = True
             for h in hooks:
                 h.remove()
         flat = torch.cat([grads[name].reshape(K, -1) for name, *_ in self.layout], dim=1)
-        return losses, flat, stats
+        return losses, flat, stats, correct
 
     def fold_running_stats(self, stats) -> None:
         """Update the running statistics with one mini-batch's ((mean, var) per layer), as F.batch_norm does."""
@@ -145,7 +146,7 @@ class VectorisedLoop(EventLoop):
         self.x, self.y = training.worker_factory.x, training.worker_factory.y
         self.grad = BatchedGradient(model)
         self.waiting: list[int] = []        # started; gradient not computed yet (in start order)
-        self.ready: dict[int, tuple] = {}   # m -> (loss, gradient, batch statistics), not pushed yet
+        self.ready: dict[int, tuple] = {}   # m -> (loss, gradient, batch statistics, train acc), not pushed yet
         self.group = max(1, GROUP_BYTES // (8 * model.numel))   # weights + gradients of one call
 
     def start(self, m: int) -> None:
@@ -161,9 +162,10 @@ class VectorisedLoop(EventLoop):
             y = self.y.index_select(0, idx)
             K = len(ms)
             W = torch.stack([self.pulled[m] for m in ms])
-            losses, grads, stats = self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
+            losses, grads, stats, correct = self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
+            accs = (correct.double() / y.shape[0] * K).tolist()
             for k, (m, loss) in enumerate(zip(ms, losses.tolist())):
-                self.ready[m] = (loss, grads[k], [(mean[k], var[k]) for mean, var in stats])
+                self.ready[m] = (loss, grads[k], [(mean[k], var[k]) for mean, var in stats], accs[k])
         waiting.clear()
 
     def run(self) -> None:
@@ -172,11 +174,11 @@ class VectorisedLoop(EventLoop):
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
                 self.compute_waiting()
-            loss, g, stats = self.ready.pop(m)
+            loss, g, stats, train_acc = self.ready.pop(m)
             if stats:
                 self.grad.fold_running_stats(stats)
             worker = self.workers[m]
             lr = training.lr
             server.push(m, worker.message(self.pulled[m], g), lr)
-            training.after_push(worker.samples_per_message, loss, self.now)
+            training.after_push(worker.samples_per_message, loss, self.now, train_acc=train_acc)
             self.continue_after_push(m)
