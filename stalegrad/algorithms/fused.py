@@ -31,8 +31,11 @@ from ..errors import ConfigError
 F32_OVERFLOW = (2 - 2 ** -24) * 2.0 ** 127
 _F32_MAX = np.finfo(np.float32).max
 KERNEL_SETTINGS = ("auto", "numba", "torch")
-# A parallel kernel's launch costs about 50 us, a serial pass over ~200K elements (1 thread, in cache).
-PARALLEL_ABOVE = 1 << 19
+# A parallel kernel's launch costs about 50 us on a quiet machine, a serial pass over ~200K
+# elements; on a busy one, waking a sleeping thread took up to 24 ms (1M elements, 2 threads, load
+# average 10 on 2 cores). So parallel loops only for vectors beyond the L3 cache (16 MiB of float32),
+# where the memory bandwidth of more cores pays for that risk.
+PARALLEL_ABOVE = 1 << 22
 
 _kernels = None          # the compiled kernels (a dict), once loaded
 _unavailable = None      # why they cannot be loaded, once known
