@@ -15,7 +15,7 @@ from collections import Counter
 import torch
 from torch import Tensor
 
-from .algorithms import Algorithm
+from .algorithms import Algorithm, fused
 from .config import ON_NONFINITE
 from .errors import ConfigError, RunError
 
@@ -73,9 +73,14 @@ class StalenessLog:
 
 
 class ParameterServer:
-    def __init__(self, algorithm: Algorithm, w0: Tensor, num_workers: int, *, on_nonfinite: str = "skip"):
+    def __init__(self, algorithm: Algorithm, w0: Tensor, num_workers: int, *, on_nonfinite: str = "skip",
+                 kernels: str | None = None):
+        """``kernels``: "numba" (the fused kernels of ``algorithms.fused``), "torch" (torch operators)
+        or "auto"; default: the STALEGRAD_KERNELS environment variable, else "auto" (numba when it is
+        installed and the weights are float32 on the CPU). ``self.kernels`` says which one runs."""
         if on_nonfinite not in ON_NONFINITE:
             raise ConfigError("on_nonfinite", f"must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
+        self.kernels = fused.choose(w0.device.type, w0.dtype == torch.float32, kernels)
         self.algorithm = algorithm
         self.num_workers = num_workers
         self.on_nonfinite = on_nonfinite
@@ -88,7 +93,7 @@ class ParameterServer:
         self.staleness = StalenessLog(num_workers)
         self.nonfinite_skipped = 0
         self._delta = torch.empty_like(self.w)
-        self._pending = None   # (steps, finite, what, records) between prepare and commit
+        self._pending = None   # (steps, finite, what, records, undo) between prepare and commit
 
     # ---- the two calls every runtime makes ---------------------------------
     def pull(self, worker: int, out: Tensor | None = None) -> Tensor:
@@ -135,6 +140,8 @@ class ParameterServer:
             return self._prepare_round(lr)
         if not finite:
             return False, False
+        if self.kernels == "numba" and self._prepare_fused(worker, msg, tau, lr):
+            return True, self._pending[1]
         rule = self.algorithm.server_delta
         ok = self._prepare_update(lambda state, w, g, out: rule(state, w, worker, g, tau, lr, out),
                                   getattr(rule, "elementwise", False), msg, span, f"update from worker {worker}",
@@ -154,8 +161,10 @@ class ParameterServer:
         pending, self._pending = self._pending, None
         if pending is None:
             return False
-        steps, finite, what, records = pending
+        steps, finite, what, records, undo = pending
         if not (finite if apply is None else apply):
+            if finite and undo is not None:   # applied by prepare (fused): put the old weights back
+                self.w.copy_(undo)
             return self._nonfinite(what)
         w = self.w
         for a, b, t, s in steps:
@@ -165,6 +174,14 @@ class ParameterServer:
             self.staleness.record(m, tau)
         self.version += 1
         return True
+
+    def kernels_info(self) -> dict:
+        """Which path applies the updates, for summary.json: the kernels, and with numba
+        the seconds their loading took in this process (compiling, or reading numba's cache)."""
+        info = {"server_kernels": self.kernels}
+        if self.kernels == "numba":
+            info["server_kernels_load_s"] = round(fused.load_seconds, 3)
+        return info
 
     @property
     def round_open(self) -> bool:
@@ -204,6 +221,20 @@ class ParameterServer:
             self.round = {int(m): (None if g is None else g.to(device)) for m, g in sd["round"].items()}
 
     # ---- internals ------------------------------------------------------------
+    def _prepare_fused(self, worker: int, msg: Tensor, tau: int, lr: float) -> bool:
+        """The fused kernel of the rule, if it has one: it adds the update to ``w`` at once,
+        keeping the old ``w`` in ``_delta``; a non-finite update is undone here, and an update
+        that ``commit`` is told not to apply (another shard's slice was not finite) there."""
+        if not math.isfinite(_float32(lr)):
+            return False   # the torch path counts it as non-finite
+        finite = self.algorithm.fused_apply(self.state, self.w, worker, msg, tau, lr, self._delta)
+        if finite is None:
+            return False
+        if not finite:
+            self.w.copy_(self._delta)
+        self._pending = ([], finite, f"update from worker {worker}", [(worker, tau)], self._delta)
+        return True
+
     def _prepare_round(self, lr: float) -> tuple[bool, bool]:
         if not self.live or not self.live.issubset(self.round):
             return False, False
@@ -235,7 +266,7 @@ class ParameterServer:
         if not elementwise or delta.device.type != "cpu" or delta.dim() != 1 or n < CHUNK_ABOVE:
             t, s = self._step(rule(self.state, w, msg, delta), delta)
             finite = self._scaled_finite(t, s, span if t is msg else None)
-            self._pending = ([(None, None, t, s)], finite, what, records)
+            self._pending = ([(None, None, t, s)], finite, what, records, None)
             return finite
         steps, finite = [], True
         one = isinstance(msg, Tensor)
@@ -252,15 +283,18 @@ class ParameterServer:
             steps.append((a, b, t, s))
         if whole and len({s for *_, s in steps}) == 1:
             steps = [(None, None, msg if whole == {"msg"} else delta, steps[0][3])]
-        self._pending = (steps, finite, what, records)
+        self._pending = (steps, finite, what, records, None)
         return finite
 
     @staticmethod
     def _step(result, out: Tensor) -> tuple[Tensor, float]:
         return (out, 1.0) if result is None else (result[0], float(result[1]))
 
-    @staticmethod
-    def _extremes(t: Tensor) -> tuple[float, float]:
+    def _extremes(self, t: Tensor) -> tuple[float, float]:
+        """(min, max) of t, or (-max|t|, max|t|), which the checks use alike; NaN propagates."""
+        if self.kernels == "numba" and t.dtype == torch.float32 and t.dim() == 1 and t.is_contiguous():
+            top = fused.max_abs(t)   # one integer pass, cheaper than aminmax in cache
+            return -top, top
         # min and max propagate NaN and Inf, and one fused pass over t is ~10x
         # cheaper than materialising isfinite(t).
         lo, hi = torch.aminmax(t)

@@ -268,6 +268,7 @@ class TrainingRun:
             "nonfinite_skipped": skipped,
             "diverged": diverged,
             "weights_sha256": weights_sha256(self.server.w),
+            **self.server.kernels_info(),
             "notes": self.notes,
             **self.figures,
         }

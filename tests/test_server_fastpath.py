@@ -12,6 +12,16 @@ from stalegrad.server import NonFiniteError, ParameterServer
 N = 1000   # with CHUNK = 64: 15 full chunks and a partial one
 
 
+@pytest.fixture(autouse=True, params=["torch", "numba"])
+def kernels(request, monkeypatch):
+    """Every test here on both server paths: torch operators and the fused kernels."""
+    from stalegrad.algorithms import fused
+    if request.param == "numba" and fused.choose("cpu", True, "auto") != "numba":
+        pytest.skip("numba is not installed (the 'fast' extra)")
+    monkeypatch.setenv("STALEGRAD_KERNELS", request.param)
+    return request.param
+
+
 def play(algo, chunked: bool, monkeypatch, *, M=3, pushes=12, poison=None, lr=0.1, seed=0):
     """Pulls and pushes from M workers in a fixed pattern; returns the server.
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 
 from .._lazy import torch
 from ..errors import ConfigError, check_finite_positive
+from . import fused
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -132,6 +133,14 @@ class Algorithm:
         """As server_delta, for a synchronous round's messages (one per live worker)."""
         raise NotImplementedError(f"{self.name} is asynchronous: use server_delta")
 
+    def fused_apply(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
+                    old: Tensor) -> bool | None:
+        """server_delta's update added to ``w`` in place in one pass (``algorithms.fused``), the
+        old ``w`` kept in ``old``; returns whether the update is finite (the server then puts
+        ``old`` back if not). None: no fused kernel for this rule, run ``server_delta``. Called
+        only when the server runs the fused kernels (numba, float32 on the CPU)."""
+        return None
+
 
 def check_positive(algo: Algorithm, *names: str) -> None:
     """Each named hyper-parameter is a finite number > 0 (ConfigError otherwise)."""
@@ -182,6 +191,12 @@ class GradientAlgorithm(Algorithm):
 
     def server_init(self, w, num_workers):
         return {"momentum_buffer": torch.zeros_like(w)} if self.momentum else {}
+
+    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+        if not (self.momentum or self.weight_decay):
+            return None   # the torch path is already one pass: w.add_(g, alpha=-lr)
+        return fused.sgd_apply(msg, w, state.get("momentum_buffer"), old, weight_decay=self.weight_decay,
+                               momentum=self.momentum, s=-lr)
 
     def sgd_step(self, state: dict, w: Tensor, direction: Tensor, lr: float, out: Tensor) -> tuple[Tensor, float]:
         """The step -lr * (momentum buffer of (direction + weight_decay * w)), as (t, -lr).

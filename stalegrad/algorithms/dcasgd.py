@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .._lazy import torch
 
+from . import fused
 from .base import GradientAlgorithm, check_fraction, check_nonnegative, check_positive, elementwise, param
 
 
@@ -53,6 +54,10 @@ class DCASGDConstant(_DelayCompensated):
         torch.addcmul(g, out, g, value=self.lam, out=out)
         return self.sgd_step(state, w, out, lr, out)
 
+    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+        return fused.dcasgd_c_apply(msg, w, state["w_bak"][worker], state.get("momentum_buffer"), old,
+                                    lam=self.lam, weight_decay=self.weight_decay, momentum=self.momentum, s=-lr)
+
 
 @dataclass(frozen=True)
 class DCASGDAdaptive(_DelayCompensated):
@@ -84,3 +89,8 @@ class DCASGDAdaptive(_DelayCompensated):
         torch.sub(w, state["w_bak"][worker], out=out).mul_(g).mul_(g)
         torch.addcdiv(g, out, ms.add(self.eps).sqrt_(), value=self.lam0, out=out)
         return self.sgd_step(state, w, out, lr, out)
+
+    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+        return fused.dcasgd_a_apply(msg, w, state["w_bak"][worker], state["mean_square"][worker],
+                                    state.get("momentum_buffer"), old, lam0=self.lam0, ms_momentum=self.ms_momentum,
+                                    eps=self.eps, weight_decay=self.weight_decay, momentum=self.momentum, s=-lr)

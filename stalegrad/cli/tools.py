@@ -49,6 +49,17 @@ def algorithms(as_json):
             extra = f"  one of {', '.join(choices)}" if choices else ""
             click.echo(f"    {f.metadata['flag']:<20} {f.default!s:<8} {f.metadata['help']}{extra}")
         click.echo("")
+    click.echo(server_kernels_line())
+
+
+def server_kernels_line() -> str:
+    """Which path the parameter server takes here for float32 weights on the CPU."""
+    from ..algorithms import fused
+    info = fused.describe()
+    if info["server_kernels"] == "numba":
+        return (f"server kernels: fused (numba {info['numba']}, {info['threading_layer']} threads, loaded in "
+                f"{info['load_s']:.1f} s); STALEGRAD_KERNELS=torch for torch operators")
+    return f"server kernels: torch operators ({info['why']})"
 
 
 @click.group()

@@ -1,0 +1,178 @@
+"""The numba loops behind ``fused`` (imported only when numba is installed).
+
+Float32 in, float32 out, every operation in the order and rounding of the torch
+operators of the rule it replaces (see each kernel's comment). ``fastmath`` stays off:
+LLVM may not reorder or contract the arithmetic, so it vectorises the loop (AVX2 here)
+without changing a bit. The finiteness count is an integer reduction, which needs no
+reordering of float arithmetic either.
+
+Each kernel applies its update in place, ``w[i] <- fma(t[i], s, w[i])`` (torch's
+``w.add_(t, alpha=s)``), keeps the old ``w[i]`` in ``old[i]`` for the caller to put back
+when the update turns out not to be finite, and returns how many ``t[i]`` are NaN or
+above ``limit`` in magnitude (``s*t`` would overflow; see ``fused.finite_limit``).
+
+Every kernel comes twice: a serial loop, and a ``prange`` loop on numba's threads. A
+parallel launch costs about 50 us (measured), as much as a serial pass over 200K
+elements, so ``fused`` runs the serial one on one thread or short vectors.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+from numba.core import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a*b + c rounded once (LLVM's fma): what torch's vectorised add(alpha=) computes."""
+    if not (a == b == c == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def _sqrt(typingctx, a):
+    """IEEE float32 square root (LLVM's llvm.sqrt: no errno, so the loop vectorises)."""
+    if a != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.sqrt", [args[0].type])
+        return builder.call(fn, args)
+    return types.float32(types.float32), codegen
+
+
+# error_model="numpy": a division by zero gives inf (IEEE), as in torch, instead of raising,
+# which would be an early exit that stops LLVM vectorising the loop; _nrt=False: the
+# kernels allocate nothing, and the reference counting of the arrays passed to the inline
+# helpers would be calls that stop it too (LLVM's remarks said so).
+_SERIAL = dict(fastmath=False, cache=True, nogil=True, error_model="numpy", _nrt=False)
+_PARALLEL = dict(_SERIAL, parallel=True, _nrt=True)   # a parallel reduction allocates
+_INLINE = dict(inline="always", fastmath=False, error_model="numpy", _nrt=False)
+
+
+@njit(**_INLINE)
+def _apply(d, i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit):
+    """GradientAlgorithm.sgd_step on element i of direction d, then the add. torch.add(d, w,
+    alpha=wd) is fma(w, wd, d); buf.mul_(mom).add_(d) rounds twice; w.add_(t, alpha=s) is fma."""
+    wi = w[i]
+    if use_wd:
+        d = _fma(wi, wd, d)
+    if use_mom:
+        d = mom_buf[i] * mom + d
+        mom_buf[i] = d
+    old[i] = wi
+    w[i] = _fma(d, s, wi)
+    return 0 if abs(d) <= limit else 1
+
+
+@njit(**_INLINE)
+def _dcasgd_c(i, g, w, w_bak, lam):
+    # torch.sub(w, w_bak).mul_(g); torch.addcmul(g, x, g, value=lam) = fma(lam*x, g, g)
+    # (torch's CPU addcmul compiles to one fused multiply-add; tests/test_fused.py pins it)
+    gi = g[i]
+    return _fma(lam * ((w[i] - w_bak[i]) * gi), gi, gi)
+
+
+@njit(**_INLINE)
+def _dcasgd_a(i, g, w, w_bak, ms, lam0, ms_mom, ms_rate, eps):
+    # ms.mul_(m).addcmul_(g, g, value=1-m) = fma((1-m)*g, g, ms*m); torch.sub(w, w_bak).mul_(g).mul_(g);
+    # torch.addcdiv(g, x, sqrt(ms + eps), value=lam0) = g + (lam0*x)/sqrt(ms + eps), no fma.
+    # The square root is IEEE's (correctly rounded); torch's CPU sqrt (MKL's) is not always.
+    gi = g[i]
+    m = _fma(ms_rate * gi, gi, ms[i] * ms_mom)
+    ms[i] = m
+    x = (w[i] - w_bak[i]) * gi * gi
+    return gi + lam0 * x / _sqrt(m + eps)
+
+
+@njit(**_SERIAL)
+def sgd(g, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit):
+    bad = 0
+    for i in range(g.size):
+        bad += _apply(g[i], i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+    return bad
+
+
+@njit(**_PARALLEL)
+def sgd_parallel(g, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit):
+    bad = 0
+    for i in prange(g.size):
+        bad += _apply(g[i], i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+    return bad
+
+
+@njit(**_SERIAL)
+def dcasgd_c(g, w, w_bak, mom_buf, old, lam, wd, mom, use_wd, use_mom, s, limit):
+    bad = 0
+    for i in range(g.size):
+        bad += _apply(_dcasgd_c(i, g, w, w_bak, lam), i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+    return bad
+
+
+@njit(**_PARALLEL)
+def dcasgd_c_parallel(g, w, w_bak, mom_buf, old, lam, wd, mom, use_wd, use_mom, s, limit):
+    bad = 0
+    for i in prange(g.size):
+        bad += _apply(_dcasgd_c(i, g, w, w_bak, lam), i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+    return bad
+
+
+@njit(**_SERIAL)
+def dcasgd_a(g, w, w_bak, ms, mom_buf, old, lam0, ms_mom, ms_rate, eps, wd, mom, use_wd, use_mom, s, limit):
+    bad = 0
+    for i in range(g.size):
+        d = _dcasgd_a(i, g, w, w_bak, ms, lam0, ms_mom, ms_rate, eps)
+        bad += _apply(d, i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+    return bad
+
+
+@njit(**_PARALLEL)
+def dcasgd_a_parallel(g, w, w_bak, ms, mom_buf, old, lam0, ms_mom, ms_rate, eps, wd, mom, use_wd, use_mom, s,
+                      limit):
+    bad = 0
+    for i in prange(g.size):
+        d = _dcasgd_a(i, g, w, w_bak, ms, lam0, ms_mom, ms_rate, eps)
+        bad += _apply(d, i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+    return bad
+
+
+# max over i of (bits[i] & 0x7fffffff), bits the int32 view of a float32 vector: the largest
+# magnitude's bit pattern, above 0x7f800000 for a NaN (an integer reduction: it vectorises
+# without reordering float arithmetic).
+@njit(**_SERIAL)
+def max_abs_bits(bits):
+    top = 0
+    for i in range(bits.size):
+        top = max(top, bits[i] & 0x7FFFFFFF)
+    return top
+
+
+@njit(**_PARALLEL)
+def max_abs_bits_parallel(bits):
+    top = 0
+    for i in prange(bits.size):
+        top = max(top, bits[i] & 0x7FFFFFFF)
+    return top
+
+
+def warm() -> dict:
+    """Compile (or load from numba's cache) every kernel for float32 vectors:
+    {name: (serial, parallel)}."""
+    v = np.ones(8, np.float32)
+    f, t = np.float32(0.5), True
+    kernels = {"sgd": (sgd, sgd_parallel), "dcasgd_c": (dcasgd_c, dcasgd_c_parallel),
+               "dcasgd_a": (dcasgd_a, dcasgd_a_parallel), "max_abs_bits": (max_abs_bits, max_abs_bits_parallel)}
+    for k in kernels["sgd"]:
+        k(v, v.copy(), v.copy(), v.copy(), f, f, t, t, f, f)
+    for k in kernels["dcasgd_c"]:
+        k(v, v.copy(), v, v.copy(), v.copy(), f, f, f, t, t, f, f)
+    for k in kernels["dcasgd_a"]:
+        k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, f, f, f, f, f, t, t, f, f)
+    for k in kernels["max_abs_bits"]:
+        k(v.view(np.int32))
+    return kernels

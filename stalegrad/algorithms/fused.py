@@ -1,0 +1,171 @@
+"""Fused CPU kernels of the element-wise server rules: one pass over memory per update.
+
+Each torch operation of a rule is one pass over its operands, so DC-ASGD-a written with
+torch operators makes about a dozen passes over 4 to 6 vectors. The kernels here do
+the whole update in one loop (numba's LLVM JIT: no C compiler at the user's site): read
+the message, ``w`` and the rule's state once, update the state, add the step to ``w``
+in place, keep the old ``w`` in a buffer, and count the elements whose step is not a
+finite float32. The server puts the old ``w`` back when that count is not zero, so an
+update is still applied whole or not at all (``ParameterServer.prepare``/``commit``).
+
+Rounding: every operation rounds as the torch operator it replaces (float32, same order,
+a fused multiply-add exactly where torch's CPU kernels use one). sgd, asgd and dcasgd-c
+give torch's bits; dcasgd-a differs in the last bit of some elements because its square
+root here is IEEE's, correctly rounded, and torch's CPU ``sqrt`` (MKL) is not always.
+No fast-math: the same inputs give the same bits on every run (tests/test_fused.py).
+
+Optional: ``pip install 'stalegrad[fast]'`` brings numba. Without it, for tensors on a GPU,
+or with ``STALEGRAD_KERNELS=torch``, the server runs the rules' torch operators.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import numpy as np
+
+from ..errors import ConfigError
+
+# s*t must stay below this in magnitude to round to a finite float32 (as server._F32_OVERFLOW)
+F32_OVERFLOW = (2 - 2 ** -24) * 2.0 ** 127
+_F32_MAX = np.finfo(np.float32).max
+KERNEL_SETTINGS = ("auto", "numba", "torch")
+# A parallel kernel's launch costs about 50 us on a quiet machine, a serial pass over ~200K
+# elements; on a busy one, waking a sleeping thread took up to 24 ms (1M elements, 2 threads, load
+# average 10 on 2 cores). So parallel loops only for vectors beyond the L3 cache (16 MiB of float32),
+# where the memory bandwidth of more cores pays for that risk.
+PARALLEL_ABOVE = 1 << 22
+
+_kernels = None          # the compiled kernels (a dict), once loaded
+_unavailable = None      # why they cannot be loaded, once known
+load_seconds = None      # what loading took: compiling, or reading numba's cache
+
+
+def choose(device_type: str, dtype_ok: bool, setting: str | None = None) -> str:
+    """The kernels a server on this device uses: "numba" or "torch". ``setting`` (default:
+    the STALEGRAD_KERNELS environment variable, else "auto") may ask for either."""
+    setting = (setting or os.environ.get("STALEGRAD_KERNELS") or "auto").strip().lower()
+    if setting not in KERNEL_SETTINGS:
+        raise ConfigError("STALEGRAD_KERNELS", f"must be one of {', '.join(KERNEL_SETTINGS)}, got {setting!r}")
+    if setting == "torch":
+        return "torch"
+    usable = device_type == "cpu" and dtype_ok and _load() is not None
+    if setting == "numba" and not usable:
+        why = _unavailable or "they run on float32 CPU tensors only"
+        raise ConfigError("STALEGRAD_KERNELS", f"is numba, which cannot be used here: {why}; "
+                                               "unset it to fall back to torch operators")
+    return "numba" if usable else "torch"
+
+
+def describe() -> dict:
+    """What the fused kernels are here: for summary.json and ``stalegrad algorithms``."""
+    if _load() is None:
+        return {"server_kernels": "torch", "why": _unavailable}
+    import numba
+    return {"server_kernels": "numba", "numba": numba.__version__, "threading_layer": _threading_layer(),
+            "load_s": round(load_seconds, 3)}
+
+
+def _load():
+    global _kernels, _unavailable, load_seconds
+    if _kernels is not None or _unavailable is not None:
+        return _kernels
+    start = time.perf_counter()
+    try:
+        from . import _numba_kernels
+    except ImportError as e:     # numba is not installed (the 'fast' extra)
+        _unavailable = f"numba is not installed ({e}); pip install 'stalegrad[fast]'"
+        return None
+    _prefer_workqueue()
+    _kernels = _numba_kernels.warm()
+    load_seconds = time.perf_counter() - start
+    return _kernels
+
+
+def _prefer_workqueue() -> None:
+    """numba's own thread pool ("workqueue") unless the user chose a threading layer.
+
+    With its OpenMP layer, numba shares the libgomp that torch loaded, and after a kernel
+    its threads kept spinning: every later torch operation of the process (a worker's step
+    in the simulator) ran beside a busy core. Measured with one torch thread: a 1M-element
+    copy took 8 ms of process CPU time instead of 0.07, before and after a sleep.
+    The workqueue's threads sleep when idle. It does not nest parallel kernels, which
+    the server never does (one thread applies the updates)."""
+    import numba
+    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+        numba.config.THREADING_LAYER = "workqueue"
+
+
+def _threading_layer() -> str:
+    import numba
+    try:
+        return numba.threading_layer()
+    except ValueError:           # no parallel kernel has run yet
+        return "unknown"
+
+
+def _kernel(name: str, n: int):
+    """The serial or the parallel kernel: parallel on as many threads as torch uses
+    (``torch.set_num_threads``, at most numba's pool) for vectors of PARALLEL_ABOVE elements
+    or more, where it pays for its launch."""
+    import numba
+    import torch
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if threads == 1 or n < PARALLEL_ABOVE:
+        return _load()[name][0]
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return _load()[name][1]
+
+
+@functools.lru_cache(maxsize=256)
+def finite_limit(s: float) -> np.float32:
+    """The largest float32 x with |s32 * x| < F32_OVERFLOW, computed exactly in double as
+    server._scaled_finite does: s*t rounds to a finite float32 exactly when |t| <= this."""
+    a = abs(float(np.float32(s)))
+    if a == 0.0:
+        return np.float32(_F32_MAX)
+    x = np.float32(min(F32_OVERFLOW / a, float(_F32_MAX)))
+    while float(x) * a >= F32_OVERFLOW:
+        x = np.nextafter(x, np.float32(0))
+    while x < _F32_MAX and float(np.nextafter(x, np.float32(np.inf))) * a < F32_OVERFLOW:
+        x = np.nextafter(x, np.float32(np.inf))
+    return x
+
+
+def max_abs(t) -> float:
+    """The largest |t[i]| (NaN if an element is NaN, inf if one is infinite), in one pass."""
+    import torch
+    top = int(_kernel("max_abs_bits", t.numel())(t.view(torch.int32).numpy()))
+    return float("nan") if top > 0x7F800000 else float(np.int32(top).view(np.float32))
+
+
+def _common(w, momentum_buffer, old, weight_decay, momentum, s):
+    f = np.float32
+    buf = momentum_buffer if momentum else old   # not touched without momentum
+    return (w.numpy(), buf.numpy(), old.numpy()), (f(weight_decay), f(momentum), bool(weight_decay),
+                                                   bool(momentum), f(s), finite_limit(s))
+
+
+def sgd_apply(g, w, momentum_buffer, old, *, weight_decay: float, momentum: float, s: float) -> bool:
+    """w += s * sgd_step(g) (weight decay, then heavy-ball momentum) in place; ``old`` gets the
+    old w. True when the step is finite."""
+    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
+    return _kernel("sgd", g.numel())(g.numpy(), w_, buf, old_, *scalars) == 0
+
+
+def dcasgd_c_apply(g, w, w_bak, momentum_buffer, old, *, lam: float, weight_decay: float, momentum: float,
+                   s: float) -> bool:
+    """w += s * sgd_step(g + lam*g*g*(w - w_bak)) in place; as ``sgd_apply``."""
+    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
+    return _kernel("dcasgd_c", g.numel())(g.numpy(), w_, w_bak.numpy(), buf, old_, np.float32(lam), *scalars) == 0
+
+
+def dcasgd_a_apply(g, w, w_bak, mean_square, momentum_buffer, old, *, lam0: float, ms_momentum: float,
+                   eps: float, weight_decay: float, momentum: float, s: float) -> bool:
+    """The MeanSquare update, then w += s * sgd_step(g + lam0/sqrt(ms+eps)*g*g*(w - w_bak)); as ``sgd_apply``."""
+    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
+    f = np.float32
+    return _kernel("dcasgd_a", g.numel())(g.numpy(), w_, w_bak.numpy(), mean_square.numpy(), buf, old_, f(lam0),
+                               f(ms_momentum), f(1 - ms_momentum), f(eps), *scalars) == 0
