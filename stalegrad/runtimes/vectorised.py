@@ -42,16 +42,20 @@ from ..worker import FlatModel
 from .base import Training
 from .events import EventLoop
 
-# The stacked weights and gradients of one batched call stay under this many bytes.
+# The stacked weights and gradients of one batched call stay under this many bytes; for windows of
+# local steps, the stacked weights, gradients, optimizer state and temporaries.
 GROUP_BYTES = 256 * 2**20
+WINDOW_GROUP_BYTES = 1024 * 2**20
 
 
 def unsupported(training: Training, delay, resume) -> str | None:
     """Why this run cannot be vectorised, or None."""
     algo = training.server.algorithm
-    if not (algo.vectorisable and algo.pull_before_compute):
-        return (f"{algo.name} does not send one gradient at the pulled weights (only sgd, ssgd, asgd, "
-                "dcasgd-c and dcasgd-a do)")
+    if not (algo.vectorisable and algo.pull_before_compute) and not algo.batched_compute:
+        return (f"{algo.name} neither sends one gradient at the pulled weights nor batches its local steps "
+                "(sgd, ssgd, asgd, dcasgd-c, dcasgd-a, agn, downpour, dynsgd, easgd and aeasgd do)")
+    if algo.batched_compute and constant_lr(training) is not True:
+        return "the learning rate changes during the run, and a batch of windows would use the rate at its start"
     if isinstance(delay, Trace) and not algo.synchronous:
         return "a trace replay pulls at recorded versions"
     if resume is not None or training.checkpoint_every:
@@ -60,6 +64,12 @@ def unsupported(training: Training, delay, resume) -> str | None:
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.module.modules()):
         return "the model has dropout, whose random draws differ between batched and one-by-one calls"
     return None
+
+
+def constant_lr(training: Training) -> bool | None:
+    """Whether the learning rate stays the same all run (None: this training run does not say)."""
+    milestones = getattr(getattr(training, "schedule", None), "milestones", None)
+    return None if milestones is None else not milestones
 
 
 class BatchedGradient:
@@ -137,46 +147,79 @@ class BatchedGradient:
 
 
 class VectorisedLoop(EventLoop):
-    """The event loop, with every waiting worker's gradient computed in one batched call."""
+    """The event loop, with the computations of all waiting workers run as one batched computation:
+    their gradients (gradient rules), or their windows of local steps (``batched_compute`` rules)."""
 
     def __init__(self, training: Training, delay, step_time, rng):
         super().__init__(training, delay, step_time, rng)
         model = training.worker_factory.model
         self.x, self.y = training.worker_factory.x, training.worker_factory.y
         self.grad = BatchedGradient(model)
-        self.waiting: list[int] = []        # started; gradient not computed yet (in start order)
-        self.ready: dict[int, tuple] = {}   # m -> (loss, gradient, batch statistics), not pushed yet
-        self.group = max(1, GROUP_BYTES // (8 * model.numel))   # weights + gradients of one call
+        self.waiting: list[int] = []        # started; not computed yet (in start order)
+        self.ready: dict[int, tuple] = {}   # m -> (loss, computed, batch statistics of each step), not pushed yet
+        # the stacked vectors of one batched call: weights and gradients, plus for a window the pulled
+        # weights, the optimizer state, its temporaries and the commit
+        vectors = 8 if self.algo.batched_compute else 2
+        budget = WINDOW_GROUP_BYTES if self.algo.batched_compute else GROUP_BYTES
+        self.group = max(1, budget // (4 * vectors * model.numel))
 
     def start(self, m: int) -> None:
         super().start(m)
         self.waiting.append(m)
 
+    def gradients(self, ms: list[int], W: Tensor):
+        """Each worker's next mini-batch, and the loss and gradient of row k of W on worker ms[k]'s."""
+        idx = torch.cat([self.workers[m].stream.next() for m in ms]).to(self.x.device)
+        x = self.x.index_select(0, idx)   # the rows each worker's grad_fn would gather
+        y = self.y.index_select(0, idx)
+        K = len(ms)
+        return self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
+
     def compute_waiting(self) -> None:
         waiting = self.waiting
         for i in range(0, len(waiting), self.group):
             ms = waiting[i:i + self.group]
-            idx = torch.cat([self.workers[m].stream.next() for m in ms]).to(self.x.device)
-            x = self.x.index_select(0, idx)   # the rows each worker's grad_fn would gather
-            y = self.y.index_select(0, idx)
-            K = len(ms)
-            W = torch.stack([self.pulled[m] for m in ms])
-            losses, grads, stats = self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
+            if self.algo.batched_compute:
+                self.compute_windows(ms)
+                continue
+            losses, grads, stats = self.gradients(ms, torch.stack([self.pulled[m] for m in ms]))
             for k, (m, loss) in enumerate(zip(ms, losses.tolist())):
-                self.ready[m] = (loss, grads[k], [(mean[k], var[k]) for mean, var in stats])
+                self.ready[m] = (loss, grads[k], [[(mean[k], var[k]) for mean, var in stats]])
         waiting.clear()
 
+    def compute_windows(self, ms: list[int]) -> None:
+        """The local steps of workers ms, stacked: each row the window that worker would run alone."""
+        algo = self.algo
+        states = [self.workers[m].state for m in ms]
+        batched = algo.stack_states(states)
+        pulled = torch.stack([self.pulled[m] for m in ms]) if algo.pull_before_compute else None
+        steps = []   # the batch statistics of each local step
+
+        def grad_fn(W):
+            losses, grads, stats = self.gradients(ms, W)
+            steps.append(stats)
+            return losses.double(), grads   # one by one, the mean loss is a sum of Python floats
+
+        losses, computed = algo.worker_compute(batched, pulled, grad_fn, self.training.lr)
+        algo.unstack_states(batched, states)
+        for k, (m, loss) in enumerate(zip(ms, losses.tolist())):
+            self.ready[m] = (loss, None if computed is None else computed[k],
+                             [[(mean[k], var[k]) for mean, var in stats] for stats in steps])
+
     def run(self) -> None:
-        training, server = self.training, self.server
+        training, server, algo = self.training, self.server, self.algo
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
                 self.compute_waiting()
-            loss, g, stats = self.ready.pop(m)
-            if stats:
-                self.grad.fold_running_stats(stats)
+            loss, computed, steps = self.ready.pop(m)
+            if self.grad.norms:
+                for stats in steps:
+                    self.grad.fold_running_stats(stats)
             worker = self.workers[m]
             lr = training.lr
-            server.push(m, worker.message(self.pulled[m], g), lr)
+            if not algo.pull_before_compute:
+                self.pulled[m] = server.pull(m, out=self.pulled[m])
+            server.push(m, worker.message(self.pulled[m], computed), lr)
             training.after_push(worker.samples_per_message, loss, self.now)
             self.continue_after_push(m)
