@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/run_all.py --quick    # a short smoke run
     .venv/bin/python benchmarks/run_all.py --only server_apply,compute --threads 1
 
-Sections: server_apply (1), sim_overhead (2), vectorised (3), compute (4); see
+Sections: server_apply (1), sim_overhead (2), vectorised (3), compute (4), commit_rules (5); see
 each module's docstring and docs/performance.md. Every figure with a target is
 a ratio of two things timed in the same run; the machine (cores, CPU, torch,
 threads) and the load average before and after each section go into the JSON.
@@ -23,12 +23,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import torch  # noqa: E402
 
-SECTIONS = ("server_apply", "sim_overhead", "vectorised", "compute")
+SECTIONS = ("server_apply", "sim_overhead", "vectorised", "compute", "commit_rules")
 TITLES = {
     "server_apply": "1. Server apply: time per update through ParameterServer.push, against a memory copy",
     "sim_overhead": "2. Simulator overhead: the simulator's samples/s against a plain PyTorch loop",
     "vectorised": "3. Vectorised simulation: Simulator(vectorised=True) against one worker at a time",
     "compute": "4. Compute efficiency: one agn-mlp training step against float32 matmul peak",
+    "commit_rules": "5. Commit rules: vectorised windows, agn-mlp at M = 40 against plain PyTorch, memory against M",
 }
 
 

@@ -46,6 +46,10 @@ from .events import EventLoop
 # local steps, the stacked weights, gradients, optimizer state and temporaries.
 GROUP_BYTES = 256 * 2**20
 WINDOW_GROUP_BYTES = 1024 * 2**20
+# On the CPU, a window's stacked vectors and their temporaries are allocated at every local step; glibc
+# serves blocks above 32 MB with a fresh mmap, whose pages fault again at every step (measured: 5x the
+# system time, 0.7 of the one-by-one speed for mlp at M = 40), so each stacked vector stays below this.
+CPU_STACK_BYTES = 24 * 2**20
 
 
 def unsupported(training: Training, delay, resume) -> str | None:
@@ -56,6 +60,9 @@ def unsupported(training: Training, delay, resume) -> str | None:
                 "(sgd, ssgd, asgd, dcasgd-c, dcasgd-a, agn, downpour, dynsgd, easgd and aeasgd do)")
     if algo.batched_compute and constant_lr(training) is not True:
         return "the learning rate changes during the run, and a batch of windows would use the rate at its start"
+    if algo.batched_compute and window_group(training.worker_factory.model) < 2:
+        return (f"one worker's weights ({4 * training.worker_factory.model.numel / 2**20:.0f} MB) leave no room "
+                f"to stack two under {CPU_STACK_BYTES // 2**20} MB per vector on the CPU")
     if isinstance(delay, Trace) and not algo.synchronous:
         return "a trace replay pulls at recorded versions"
     if resume is not None or training.checkpoint_every:
@@ -64,6 +71,14 @@ def unsupported(training: Training, delay, resume) -> str | None:
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.module.modules()):
         return "the model has dropout, whose random draws differ between batched and one-by-one calls"
     return None
+
+
+def window_group(model: FlatModel) -> int:
+    """How many workers' windows one batched computation stacks."""
+    group = WINDOW_GROUP_BYTES // (4 * 8 * model.numel)   # weights, gradients, pulled, optimizer state, temporaries
+    if model.flat.device.type == "cpu":
+        group = min(group, CPU_STACK_BYTES // (4 * model.numel))
+    return group
 
 
 def constant_lr(training: Training) -> bool | None:
@@ -159,9 +174,9 @@ class VectorisedLoop(EventLoop):
         self.ready: dict[int, tuple] = {}   # m -> (loss, computed, batch statistics of each step), not pushed yet
         # the stacked vectors of one batched call: weights and gradients, plus for a window the pulled
         # weights, the optimizer state, its temporaries and the commit
-        vectors = 8 if self.algo.batched_compute else 2
-        budget = WINDOW_GROUP_BYTES if self.algo.batched_compute else GROUP_BYTES
-        self.group = max(1, budget // (4 * vectors * model.numel))
+        self.group = max(1, GROUP_BYTES // (8 * model.numel))
+        if self.algo.batched_compute:
+            self.group = window_group(model)
 
     def start(self, m: int) -> None:
         super().start(m)
@@ -175,17 +190,18 @@ class VectorisedLoop(EventLoop):
         K = len(ms)
         return self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
 
-    def compute_waiting(self) -> None:
+    def compute_waiting(self, m: int) -> None:
+        """Compute worker m's message together with those of the workers that started first (up to a group)."""
         waiting = self.waiting
-        for i in range(0, len(waiting), self.group):
-            ms = waiting[i:i + self.group]
-            if self.algo.batched_compute:
-                self.compute_windows(ms)
-                continue
-            losses, grads, stats = self.gradients(ms, torch.stack([self.pulled[m] for m in ms]))
-            for k, (m, loss) in enumerate(zip(ms, losses.tolist())):
-                self.ready[m] = (loss, grads[k], [[(mean[k], var[k]) for mean, var in stats]])
-        waiting.clear()
+        waiting.remove(m)
+        ms = [m] + waiting[:self.group - 1]
+        del waiting[:self.group - 1]
+        if self.algo.batched_compute:
+            self.compute_windows(ms)
+            return
+        losses, grads, stats = self.gradients(ms, torch.stack([self.pulled[k] for k in ms]))
+        for i, (k, loss) in enumerate(zip(ms, losses.tolist())):
+            self.ready[k] = (loss, grads[i], [[(mean[i], var[i]) for mean, var in stats]])
 
     def compute_windows(self, ms: list[int]) -> None:
         """The local steps of workers ms, stacked: each row the window that worker would run alone."""
@@ -211,7 +227,7 @@ class VectorisedLoop(EventLoop):
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
-                self.compute_waiting()
+                self.compute_waiting(m)
             loss, computed, steps = self.ready.pop(m)
             if self.grad.norms:
                 for stats in steps:
