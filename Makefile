@@ -13,7 +13,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,plot,ray]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,plot,ray,tensorboard]"
 	touch $@
 
 # Fashion-MNIST: Debian's package where we may install it, else the checked download.

@@ -14,29 +14,23 @@ The file has three tables (experiments/README.md says more)::
     [report]         # target, baseline: for the report written at the end (stalegrad.report)
     target = 0.85
 
-``out``, ``resume``, ``overwrite``, ``quiet``, ``config`` and ``record_trace`` are refused (the grid
-decides them); a key is fixed or an axis, not both; ``hidden`` and ``lr_milestones`` take a list as
-one value, so as axes they are lists of lists (``hidden = [[256, 128], [512]]``).
+The options in ``REFUSED`` are the grid's to decide; a key is fixed or an axis, not both; ``hidden`` and
+``lr_milestones`` take a list as one value, so as axes lists of lists (``hidden = [[256, 128], [512]]``).
 
-Expansion: the product in the order the axes are written (the last varies fastest), where a
-sequential algorithm (sgd) runs with 1 worker, once, whatever ``workers`` says; an algorithm
-parameter (``window``, ``lam``, ``lam0``, ``rho``, ...), fixed or an axis, applies only to the
-algorithms that have it (so ``window`` to the commit and elastic rules), the others running once per
-value of the other axes; identical cells are one. A parameter that no algorithm of the grid has is an
-error. Every cell is checked as ``stalegrad train --config CELL.toml`` checks it before anything runs.
+Expansion: the product in the order the axes are written (the last varies fastest); sgd runs with 1
+worker, once, whatever ``workers`` says; an algorithm parameter (``window``, ``lam0``, ...) applies
+only to the algorithms that have it, the others running once per value of the other axes; identical
+cells are one; a parameter no algorithm has is an error; every cell is checked as ``stalegrad train``
+checks it before anything runs.
 
-Names: the algorithm, then a part for every axis that applies to the cell, joined by ``-``: workers
-``M8``, window ``W10``, lr ``lr0.1``, algorithm parameters (``lam0_2``) and other options
-(``batch_size_64``) alphabetically, delay as its value (``gamma2``), seed ``s0``: e.g.
-``asgd-M8-lr0.1-gamma2-s0``. Floats are written shortest (2.0 -> 2), lists joined by ``x``
-(``256x128``), ``:`` before a digit is dropped, other ``:``, ``/`` and unsafe characters become ``_``.
-Fixed keys never appear: keep ``seeds = [0]`` in [axes], so that names stay when seeds are added.
+Names: the algorithm and a part for every axis that applies to the cell, joined by ``-``, e.g.
+``asgd-M8-lr0.1-gamma2-s0`` (``cell_name`` and experiments/README.md give the rules).
 
 DIR holds ``runs/<cell>/`` (a run directory), ``cells/<cell>.toml`` (the run's --config),
 ``logs/<cell>.log`` (its stderr) and ``grid.json``: every cell with its options, ``status`` (``done``,
 ``failed`` with ``reason``, ``skipped``, ``interrupted``, ``pending``), ``exit_code`` and ``run_s``,
-rewritten atomically after every cell. A rerun skips the cells whose run holds summary.json, and runs
-the others (``--overwrite``): interrupted, failed and new ones (``cli/grid.py``: ``plan``).
+rewritten atomically after every cell. A rerun skips the cells whose run holds summary.json and runs
+the others (``--overwrite``; ``cli/grid.py``: ``plan``).
 """
 from __future__ import annotations
 
@@ -60,7 +54,8 @@ from .errors import UsageError
 ALIASES = {"algos": "algo", "seeds": "seed"}
 REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "rerun the grid to resume it",
            "overwrite": "the grid reruns unfinished cells itself", "quiet": "runs of a grid are quiet",
-           "config_file": "the grid is the configuration", "record_trace": "it records one run: use 'stalegrad train'"}
+           "config_file": "the grid is the configuration", "record_trace": "it records one run: use 'stalegrad train'",
+           "tensorboard": "give 'stalegrad grid --tensorboard DIR': each run logs into DIR/<cell>"}
 PREFIX = {"workers": "M", "window": "W", "lr": "lr", "seed": "s", "algo": "", "delay": ""}
 REPORT_KEYS = ("target", "baseline")
 
@@ -273,8 +268,10 @@ def last_line(path: Path) -> str:
 class GridRun:
     """Runs the cells of a grid in subprocesses, ``jobs`` at once, recording each in DIR/grid.json."""
 
-    def __init__(self, grid: Grid, out: Path, actions: dict, jobs: int, threads: int, on_cell=None):
+    def __init__(self, grid: Grid, out: Path, actions: dict, jobs: int, threads: int, on_cell=None,
+                 tensorboard: Path | None = None):
         self.grid, self.out, self.actions, self.jobs, self.threads = grid, out, actions, jobs, threads
+        self.tensorboard = tensorboard          # each run's TensorBoard logs in tensorboard/<cell>
         self.on_cell = on_cell or (lambda run, record: None)    # after each finished cell
         self.records = {c.name: {"name": c.name, "dir": f"runs/{c.name}", "algo": c.algo, "axes": c.axes,
                                  "options": c.options, "status": "pending", "exit_code": None, "run_s": None,
@@ -302,6 +299,8 @@ class GridRun:
         toml_path.write_text(cell.toml)
         cmd = [sys.executable, "-m", "stalegrad", "train", "--config", str(toml_path), "--out", str(run_dir),
                "--quiet"] + (["--overwrite"] if run_dir.exists() else [])
+        if self.tensorboard is not None:
+            cmd += ["--tensorboard", str(self.tensorboard / cell.name)]
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
         here = str(Path(__file__).resolve().parent.parent)     # the children run this stalegrad
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)

@@ -162,19 +162,20 @@ def time_to_target(metrics: list[dict], target: float) -> dict | None:
     return None
 
 
-def central_curve(metrics: list[dict]):
+def central_curve(run: dict):
     """The central model's test accuracy over virtual time."""
-    pts = [(m["virtual_s"], m["test_acc"]) for m in metrics
+    pts = [(m["virtual_s"], m["test_acc"]) for m in run["metrics"]
            if _finite(m.get("test_acc")) and _finite(m.get("virtual_s"))]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def workers_curve(metrics: list[dict], window: float = WINDOW_S):
-    """The workers' mini-batch training accuracy (``train_acc``) over real time, averaged in windows of
-    ``window`` seconds (weighted by the samples each value covers); one point per window, at its middle."""
+def workers_curve(run: dict, window: float = WINDOW_S):
+    """The workers' mini-batch training accuracy (``train_acc`` of each message, messages.jsonl) over
+    real time, averaged in windows of ``window`` seconds (weighted by the samples each message covers);
+    one point per window, at its middle."""
     sums: dict[int, list[float]] = {}
     prev = 0
-    for m in metrics:
+    for m in run["messages"]:
         samples = m.get("samples") or 0
         weight, prev = samples - prev, samples
         if _finite(m.get("train_acc")) and _finite(m.get("wall_s")) and weight > 0:
@@ -186,7 +187,7 @@ def workers_curve(metrics: list[dict], window: float = WINDOW_S):
 
 
 def logs_train_acc(run: dict) -> bool:
-    return any(_finite(m.get("train_acc")) for m in run["metrics"])
+    return any(_finite(m.get("train_acc")) for m in run["messages"])
 
 
 def _context(g: dict, drop_workers: bool) -> dict:
@@ -212,7 +213,7 @@ def baseline_for(g: dict, candidates: list[dict]) -> tuple[dict, list[str]]:
 def efficiencies(g: dict, base: dict, curve) -> dict:
     """E(run, baseline run of the same seed) for each seed of ``g`` that the baseline group has."""
     by_seed = {r["seed"]: r for r in base["runs"]}
-    return {r["seed"]: temporal_efficiency(curve(r["metrics"]), curve(by_seed[r["seed"]]["metrics"]))
+    return {r["seed"]: temporal_efficiency(curve(r), curve(by_seed[r["seed"]]))
             for r in g["runs"] if r["seed"] in by_seed}
 
 
@@ -282,8 +283,8 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
     used, variant_note = variant, ""
     if variant == "workers" and not all(logs_train_acc(r) for g in groups for r in g["runs"]):
         used = "central"
-        variant_note = ("the workers variant needs per-message training accuracy (a `train_acc` field in "
-                        "metrics.jsonl), which these runs did not log; the central variant was used instead")
+        variant_note = ("the workers variant needs per-message training accuracy (messages.jsonl, written "
+                        "since stalegrad 0.3), which these runs lack; the central variant was used instead")
     curve = workers_curve if used == "workers" else central_curve
     described = ("f = the workers' mini-batch training accuracy averaged over windows of "
                  f"{WINDOW_S:g} s of real (wall) time" if used == "workers"

@@ -78,7 +78,7 @@ def write_json(path: Path, obj) -> None:
 
 
 def read_run(run_dir: str | os.PathLike) -> dict:
-    """A finished run directory as Python objects (config, metrics, summary, staleness)."""
+    """A finished run directory as Python objects (config, metrics, summary, staleness, messages)."""
     d = Path(run_dir)
     try:
         return {
@@ -87,6 +87,9 @@ def read_run(run_dir: str | os.PathLike) -> dict:
             "metrics": [json.loads(ln) for ln in (d / "metrics.jsonl").read_text().splitlines() if ln.strip()],
             "summary": json.loads((d / "summary.json").read_text()),
             "staleness": json.loads((d / "staleness.json").read_text()),
+            # per message; runs made before 0.3 have none
+            "messages": ([json.loads(ln) for ln in (d / "messages.jsonl").read_text().splitlines() if ln.strip()]
+                         if (d / "messages.jsonl").exists() else []),
         }
     except FileNotFoundError as e:
         raise OutputError(f"{d}: not a finished stalegrad run (missing {Path(e.filename).name})") from None

@@ -2,6 +2,7 @@
 
     config.json      the resolved configuration
     metrics.jsonl    one JSON object per evaluation, appended as they happen
+    messages.jsonl   one JSON object per pushed message (samples, wall_s, virtual_s, loss, train_acc)
     staleness.json   tau histogram, mean, max, per-worker figures
     summary.json     final/best accuracy, times, updates, staleness, weights hash
     model.pt         the final model (state_dict plus what rebuilds it)
@@ -35,7 +36,8 @@ from pathlib import Path
 from .errors import RunError
 from .results import OutputError, atomic_open, atomic_write, json_text, write_json
 
-RUN_FILES = ("config.json", "metrics.jsonl", "staleness.json", "summary.json", "model.pt", "checkpoint.pt")
+RUN_FILES = ("config.json", "metrics.jsonl", "messages.jsonl", "staleness.json", "summary.json", "model.pt",
+             "checkpoint.pt")
 LOCK_FILE = ".lock"
 
 
@@ -116,6 +118,8 @@ class RunWriter:
         import torch
         self._guard(write_json, self.dir / "staleness.json", result.staleness)
         self._guard(write_json, self.dir / "summary.json", result.summary)
+        self._guard(atomic_write, self.dir / "messages.jsonl",
+                    "".join(json_text(m) + "\n" for m in result.messages).encode())
         payload = {"state_dict": result.model.state_dict(), "weights": result.weights.cpu(),
                    "model": model_spec or {}, "summary": result.summary}
 

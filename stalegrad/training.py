@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from array import array
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
@@ -37,6 +38,7 @@ class TrainResult:
     weights: Tensor
     model: nn.Module
     staleness_log: StalenessLog   # (worker, tau) of every applied update, in order
+    messages: list[dict] = ()     # one per pushed message: MESSAGE_FIELDS (messages.jsonl)
 
     def update_log(self) -> list[tuple[int, int]]:
         return list(zip(self.staleness_log.workers, self.staleness_log.taus))
@@ -44,6 +46,15 @@ class TrainResult:
     @property
     def final_accuracy(self) -> float:
         return self.summary["final_test_acc"]
+
+
+# One record per pushed message: the samples counted after it, when it arrived (wall and virtual
+# seconds), and its worker's mean mini-batch loss and training accuracy over that message's local steps.
+MESSAGE_FIELDS = ("samples", "wall_s", "virtual_s", "loss", "train_acc")
+
+
+def _tensor(column: array) -> Tensor:
+    return torch.frombuffer(column, dtype=torch.float64).clone() if len(column) else torch.zeros(0, dtype=torch.float64)
 
 
 def weights_sha256(w: Tensor) -> str:
@@ -85,6 +96,8 @@ class TrainingRun:
         self._next_eval = 0
         self._next_checkpoint = config.checkpoint_every
         self._loss_sum, self._loss_count = 0.0, 0
+        self._acc_sum, self._acc_samples = 0.0, 0
+        self._messages = [array("d") for _ in MESSAGE_FIELDS]   # columns: 8 bytes a field a message
         self._start = time.perf_counter()
         self._on_eval = on_eval
         self._progress = progress
@@ -106,15 +119,22 @@ class TrainingRun:
     def checkpoint_every(self) -> int:
         return self.config.checkpoint_every if self.checkpoint_path is not None else 0
 
-    def after_push(self, samples: int, loss: float, now: float, evaluator: Evaluator | None = None) -> None:
-        """Account for one pushed message of ``samples`` samples and mean
-        mini-batch ``loss`` at time ``now``; evaluate when an interval is crossed."""
+    def after_push(self, samples: int, loss: float, now: float, evaluator: Evaluator | None = None,
+                   train_acc: float | None = None) -> None:
+        """Account for one pushed message of ``samples`` samples, mean mini-batch ``loss`` and
+        training accuracy ``train_acc`` at time ``now``; evaluate when an interval is crossed."""
         due = self.evaluation_due(samples)
         self.samples += samples
         self.virtual_s = now
         if math.isfinite(loss):
             self._loss_sum += loss
             self._loss_count += 1
+        acc = float("nan") if train_acc is None else train_acc
+        if math.isfinite(acc):
+            self._acc_sum += acc * samples
+            self._acc_samples += samples
+        for column, value in zip(self._messages, (self.samples, self.wall_s(), now, loss, acc)):
+            column.append(value)
         if self._progress is not None:
             self._progress.advance(samples)
         if due:
@@ -136,12 +156,14 @@ class TrainingRun:
             "virtual_s": round(self.virtual_s, 6),
             "lr": self.lr,
             "train_loss": self._loss_sum / self._loss_count if self._loss_count else None,
+            "train_acc": self._acc_sum / self._acc_samples if self._acc_samples else None,
             "test_loss": None,
             "test_acc": None,
             "tau_mean": stal.mean,
             "nonfinite_skipped": self.server.nonfinite_skipped,
         }
         self._loss_sum, self._loss_count = 0.0, 0
+        self._acc_sum, self._acc_samples = 0.0, 0
         while self._next_eval <= self.samples:
             self._next_eval += self.eval_interval
         if evaluator is None:
@@ -185,7 +207,9 @@ class TrainingRun:
             "progress": {"samples": self.samples, "virtual_s": self.virtual_s, "metrics": self.metrics,
                          "notes": self.notes, "next_eval": self._next_eval, "loss_sum": self._loss_sum,
                          "loss_count": self._loss_count, "wall_s": self.wall_s(),
-                         "next_checkpoint": self._next_checkpoint, "sample_budget": self.sample_budget},
+                         "next_checkpoint": self._next_checkpoint, "sample_budget": self.sample_budget,
+                         "acc_sum": self._acc_sum, "acc_samples": self._acc_samples,
+                         "messages": torch.stack([_tensor(c) for c in self._messages], 1)},
             "buffers": dict(self.model.module.named_buffers()),
             "torch_rng": torch.get_rng_state(),
         }
@@ -197,6 +221,9 @@ class TrainingRun:
         self.metrics, self.notes = list(st["metrics"]), list(st["notes"])
         self._next_eval, self._next_checkpoint = int(st["next_eval"]), int(st["next_checkpoint"])
         self._loss_sum, self._loss_count = float(st["loss_sum"]), int(st["loss_count"])
+        self._acc_sum, self._acc_samples = float(st.get("acc_sum", 0.0)), int(st.get("acc_samples", 0))
+        if "messages" in st:   # (checkpoints before 0.3 have none)
+            self._messages = [array("d", column.tolist()) for column in st["messages"].T]
         self._start = time.perf_counter() - float(st["wall_s"])
         buffers = dict(self.model.module.named_buffers())
         for name, value in state["buffers"].items():
@@ -204,6 +231,11 @@ class TrainingRun:
         torch.set_rng_state(state["torch_rng"])
         if self._progress is not None:
             self._progress.advance(self.samples)
+
+    def message_records(self) -> list[dict]:
+        """The messages so far, one dict each (``MESSAGE_FIELDS``); NaN where a value is unknown."""
+        columns = [c.tolist() for c in self._messages]
+        return [{"samples": int(row[0]), **dict(zip(MESSAGE_FIELDS[1:], row[1:]))} for row in zip(*columns)]
 
     def finish(self) -> TrainResult:
         if not self.metrics or self.metrics[-1]["samples"] != self.samples:
@@ -235,7 +267,7 @@ class TrainingRun:
         self.model.load(self.server.w)
         return TrainResult(metrics=self.metrics, staleness=stal, summary=summary, config=self.resolved,
                            weights=self.server.w.clone(), model=self.model.module,
-                           staleness_log=self.server.staleness)
+                           staleness_log=self.server.staleness, messages=self.message_records())
 
 
 def _resolve_model(model, input_shape, num_classes) -> nn.Module:

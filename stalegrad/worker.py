@@ -43,6 +43,7 @@ class FlatModel:
             p.grad = self.grad[offset:offset + n].view_as(p)
             offset += n
         self.numel = total
+        self.correct: Tensor | None = None   # correct predictions of the last loss_and_grad batch
         self._training = None   # the mode this object last set (module.train() walks every submodule)
 
     def load(self, w: Tensor) -> None:
@@ -50,14 +51,17 @@ class FlatModel:
             self.flat.copy_(w)
 
     def loss_and_grad(self, w: Tensor, x: Tensor, y: Tensor) -> tuple[float, Tensor]:
-        """Mini-batch loss and gradient at weights ``w`` (returns a view of ``grad``)."""
+        """Mini-batch loss and gradient at weights ``w`` (returns a view of ``grad``); the batch's
+        number of correct predictions is left in ``correct`` (a tensor: no device sync here)."""
         self.load(w)
         if not (self._training and self.module.training):
             self.module.train()
             self._training = True
         self.grad.zero_()
-        loss = F.cross_entropy(self.module(x), y)
+        logits = self.module(x)
+        loss = F.cross_entropy(logits, y)
         loss.backward()
+        self.correct = (logits.detach().argmax(1) == y).sum()
         return loss.item(), self.grad
 
     @torch.no_grad()
@@ -143,6 +147,8 @@ class Worker:
         self.x, self.y = x, y
         self.stream = stream
         self.state = algorithm.worker_init(w0, num_workers)
+        self.train_acc = float("nan")   # the accuracy of the last compute's mini-batches (as trained on)
+        self._correct, self._seen = 0, 0
 
     @property
     def samples_per_message(self) -> int:
@@ -151,11 +157,19 @@ class Worker:
     def grad_fn(self, w: Tensor) -> tuple[float, Tensor]:
         idx = self.stream.next().to(self.x.device, non_blocking=True)
         # index_select: the same rows as x[idx], several times faster for image tensors
-        return self.model.loss_and_grad(w, self.x.index_select(0, idx), self.y.index_select(0, idx))
+        out = self.model.loss_and_grad(w, self.x.index_select(0, idx), self.y.index_select(0, idx))
+        self._correct += self.model.correct
+        self._seen += idx.shape[0]
+        return out
 
     def compute(self, pulled: Tensor | None, lr: float) -> tuple[float, object]:
-        """The local steps from ``pulled``: (mean mini-batch loss, what ``message`` needs)."""
-        return self.algorithm.worker_compute(self.state, pulled, self.grad_fn, lr)
+        """The local steps from ``pulled``: (mean mini-batch loss, what ``message`` needs).
+        Sets ``train_acc``, the accuracy on those steps' mini-batches, each at the weights it was
+        trained on (the workers' training accuracy of Hermans et al.)."""
+        self._correct, self._seen = 0, 0
+        out = self.algorithm.worker_compute(self.state, pulled, self.grad_fn, lr)
+        self.train_acc = float(self._correct) / self._seen if self._seen else float("nan")
+        return out
 
     def message(self, pulled: Tensor | None, computed) -> Tensor:
         return self.algorithm.worker_finish(self.state, pulled, computed)

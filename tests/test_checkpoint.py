@@ -58,6 +58,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, algo, delay
     assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
     assert resumed.update_log() == full.update_log()
     assert strip_wall(resumed.metrics) == strip_wall(full.metrics)
+    assert strip_wall(resumed.messages) == strip_wall(full.messages)   # the messages before the cut too
     assert resumed.staleness == full.staleness
 
 

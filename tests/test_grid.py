@@ -240,10 +240,11 @@ def test_jobs_threads_and_the_child_command(tmp_path, run, monkeypatch):
     out = tmp_path / "out"
     (out / "runs" / "asgd-s1").mkdir(parents=True)
     path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1]\n')
-    code, _, err = run(path, "--out", out, "--jobs", 2, "--no-report")
+    code, _, err = run(path, "--out", out, "--jobs", 2, "--no-report", "--tensorboard", tmp_path / "tb")
     assert code == 0, err
     (cmd0, env0), (cmd1, _) = started
     assert cmd0[:4] == [sys.executable, "-m", "stalegrad", "train"] and "--quiet" in cmd0
+    assert cmd1[-2:] == ["--tensorboard", str(tmp_path / "tb" / "asgd-s1")]
     assert "--overwrite" not in cmd0 and "--overwrite" in cmd1
     assert env0["OMP_NUM_THREADS"] == env0["MKL_NUM_THREADS"] == "2"
     assert records(out)["asgd-s0"]["reason"] == "exited 0 but wrote no summary.json"

@@ -161,12 +161,16 @@ def test_learning_rate_sweep(made):
 
 def test_the_workers_variant_falls_back_and_says_so(made, runs, tmp_path):
     _, central, _ = made
-    res = invoke(runs, "--out", tmp_path, "--variant", "workers")
+    old = tmp_path / "old"        # runs of stalegrad < 0.3: no messages.jsonl
+    shutil.copytree(runs, old)
+    for f in old.rglob("messages.jsonl"):
+        f.unlink()
+    res = invoke(old, "--out", tmp_path, "--variant", "workers")
     assert res.exit_code == 0, res.output
     rep = json.loads((tmp_path / "report.json").read_text())
     md = (tmp_path / "report.md").read_text()
     assert rep["variant"]["requested"] == "workers" and rep["variant"]["used"] == "central"
-    assert "needs per-message training accuracy" in md and "which these runs did not log" in md
+    assert "needs per-message training accuracy" in md and "which these runs lack" in md
     assert "## Temporal efficiency against sgd (variant: central)" in md
     assert [g["temporal_efficiency"] for g in rep["groups"]] == [g["temporal_efficiency"] for g in central["groups"]]
 
@@ -176,10 +180,9 @@ def test_the_workers_variant_on_logged_training_accuracy(runs, tmp_path):
     .2 | .4,.6 | .8 and .1 | .2,.3 | .4, at 2.5, 7.5, 12.5 s: areas 5.0 and 2.5, E = 2."""
     for name, accs in (("sgd", (0.1, 0.2, 0.3, 0.4)), ("asgd", (0.2, 0.4, 0.6, 0.8))):
         shutil.copytree(runs / "cmp0" / name, tmp_path / "in" / name)
-        lines = [{"epoch": 0.0, "samples": 0, "wall_s": 0.0, "virtual_s": 0.0, "test_acc": 0.1, "train_acc": None}]
-        lines += [{"epoch": 0.1 * k, "samples": 100 * k, "wall_s": 3.0 * k, "virtual_s": 1.0 * k, "test_acc": 0.5,
-                   "train_acc": a} for k, a in enumerate(accs, 1)]
-        (tmp_path / "in" / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+        lines = [{"samples": 100 * k, "wall_s": 3.0 * k, "virtual_s": 1.0 * k, "loss": 1.0, "train_acc": a}
+                 for k, a in enumerate(accs, 1)]
+        (tmp_path / "in" / name / "messages.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     write_report([tmp_path / "in"], tmp_path / "out", variant="workers")
     rep = json.loads((tmp_path / "out" / "report.json").read_text())
     assert rep["variant"]["used"] == "workers" and rep["variant"]["note"] == ""

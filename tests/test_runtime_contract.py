@@ -63,7 +63,7 @@ class RoundRobin:
                 pulled[m] = server.pull(m)
             server.push(m, worker.message(pulled[m], computed), lr)
             turn += 1
-            training.after_push(worker.samples_per_message, loss, float(turn))
+            training.after_push(worker.samples_per_message, loss, float(turn), train_acc=worker.train_acc)
             if algo.pull_before_compute and not (algo.synchronous and server.round_open):
                 for k in (range(len(workers)) if algo.synchronous else [m]):
                     pulled[k] = server.pull(k)

@@ -41,7 +41,9 @@ def _echo_err(line: str) -> None:
 @click.option("--rerun-changed", is_flag=True,
               help="run again the finished cells whose options the file now changes (else that is an error)")
 @click.option("--no-report", is_flag=True, help="do not write DIR/report/ at the end")
-def grid(file, out, jobs, dry_run, rerun_changed, no_report):
+@click.option("--tensorboard", type=click.Path(file_okay=False), default=None,
+              help="TensorBoard logs of every run in DIR/<cell> (pip install 'stalegrad[tensorboard]')")
+def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     """Run every cell of the grid in FILE.toml into --out DIR; run the same command again to resume.
 
     FILE has a [fixed] table (options of 'stalegrad train', keys as in --config), an [axes] table
@@ -63,6 +65,9 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report):
     if dry_run:
         return _list(g, actions)
     check_data(g.path, [c for c in g.cells if actions[c.name] != "skip"])
+    if tensorboard is not None:
+        from ..tblog import check_logdir
+        check_logdir(tensorboard)
     cores = machine_cores()
     jobs = jobs or default_jobs(g.cells, cores)
     threads = max(1, cores // jobs)
@@ -76,7 +81,8 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report):
         todo = sum(a != "skip" for a in actions.values())
         _echo_err(f"grid: {len(g.cells)} cells, {len(g.cells) - todo} already done, {todo} to run, {jobs} at once "
                   f"with {threads} thread{'s' * (threads > 1)} each -> {out_dir}")
-        runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress)
+        runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress,
+                         tensorboard=Path(tensorboard).absolute() if tensorboard is not None else None)
         try:
             records = runner.run()
         except KeyboardInterrupt:

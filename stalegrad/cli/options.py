@@ -131,6 +131,9 @@ def run_options(f):
                      help="a NaN/Inf gradient or commit: skip it (and count it) or stop the run"),
         click.option("--checkpoint-every", type=int, default=0, show_default=True,
                      help="save the complete state to --out/checkpoint.pt every N server updates (0: never)"),
+        click.option("--tensorboard", type=click.Path(file_okay=False), default=None,
+                     help="also write TensorBoard logs (scalars, the tau histogram) to DIR (compare: DIR/ALGO); "
+                          "needs pip install 'stalegrad[tensorboard]'"),
         click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
                      help="TOML file of options (keys as flag names); flags win"),
         click.option("--overwrite", is_flag=True, help="replace a run already in --out"),

@@ -25,7 +25,7 @@ class _Failed(click.ClickException):
                    "order of 'stalegrad algorithms']")
 @click.option("--variant", type=click.Choice(["central", "workers"]), default="central", show_default=True,
               help="temporal efficiency of the central model's test accuracy over virtual time, or of the "
-                   "workers' training accuracy over real time (needs train_acc in metrics.jsonl)")
+                   "workers' training accuracy over real time (needs messages.jsonl, stalegrad >= 0.3)")
 @click.option("--heatmap", default=None, metavar="X,Y",
               help="the heat map's two settings  [default: workers,window if both vary, else the two with most values]")
 def report(dirs, out, target, baseline, variant, heatmap):

@@ -22,11 +22,16 @@ def check_options(algo_name: str, params: dict):
     config = build_config(algo_name, params)
     runtime = build_runtime(params)
     runtime.check(config)
+    if params.get("tensorboard") is not None:
+        from ..tblog import check_logdir
+        check_logdir(params["tensorboard"])
     return config, runtime
 
 
-def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool, resume: bool = False):
-    """One run into ``out`` (or its continuation from ``out``'s checkpoint); returns the TrainResult.
+def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool, resume: bool = False,
+              tensorboard: str | Path | None = None):
+    """One run into ``out`` (or its continuation from ``out``'s checkpoint), and TensorBoard logs into
+    ``tensorboard``; returns the TrainResult.
 
     Everything is checked (options, runtime, model against the data) before the run directory is touched.
     """
@@ -46,10 +51,24 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
     model_spec = {"name": params["model"], "input_shape": list(shape), "num_classes": classes,
                   "hidden": list(params["hidden"]) if params["hidden"] else None}
     with RunWriter(out, overwrite=params["overwrite"], resume=resume) as writer:   # locked for the run
-        result = train(module, train_set, test_set, runtime=runtime, config=config, progress=progress,
-                       on_start=writer.start, on_eval=writer.metric, checkpoint_path=checkpoint_path,
-                       resume=checkpoint_path if resume else None)
-        writer.finish(result, model_spec)
+        on_eval, board = writer.metric, None
+        if tensorboard is not None:
+            from ..tblog import TensorBoardLog
+            board = TensorBoardLog(tensorboard)
+
+            def on_eval(record):
+                writer.metric(record)
+                board.metric(record)
+        try:
+            result = train(module, train_set, test_set, runtime=runtime, config=config, progress=progress,
+                           on_start=writer.start, on_eval=on_eval, checkpoint_path=checkpoint_path,
+                           resume=checkpoint_path if resume else None)
+            writer.finish(result, model_spec)
+            if board is not None:
+                board.finish(result)
+        finally:
+            if board is not None:
+                board.close()
     warn_if_diverged(result)
     return result
 
@@ -75,7 +94,7 @@ def summary_line(name: str, res, out: Path) -> str:
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="run directory for the results  [required]")
 @click.option("--resume", type=click.Path(file_okay=False), default=None,
               help="continue the run in DIR from its last checkpoint; DIR/config.json gives every other option "
-                   "(only --epochs, to extend it, --data-dir and --quiet may be given)")
+                   "(only --epochs, to extend it, --data-dir, --quiet and --tensorboard may be given)")
 @click.pass_context
 def train(ctx, algo, out, resume, **params):
     """Train one model with one algorithm and write the run to --out."""
@@ -92,11 +111,12 @@ def train(ctx, algo, out, resume, **params):
     algo = params.pop("algo")
     check_options(algo, params)   # a bad option fails fast, before the data set is read
     train_set, test_set = load_data(params)
-    res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"], resume=resume is not None)
+    res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"], resume=resume is not None,
+                    tensorboard=params.get("tensorboard"))
     click.echo(summary_line(algo, res, out))
 
 
-_RESUME_MAY_CHANGE = {"epochs", "data_dir", "quiet", "resume", "algo"}
+_RESUME_MAY_CHANGE = {"epochs", "data_dir", "quiet", "resume", "algo", "tensorboard"}
 
 
 def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
@@ -105,7 +125,7 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
              and p.name not in _RESUME_MAY_CHANGE]
     if given:
         raise UsageError(f"--resume takes its options from {run_dir}/config.json; drop {max(given[0].opts, key=len)} "
-                         "(only --epochs, --data-dir and --quiet may be given)")
+                         "(only --epochs, --data-dir, --quiet and --tensorboard may be given)")
     if ctx.get_parameter_source("algo") == ParameterSource.COMMANDLINE:
         raise UsageError(f"--resume takes its options from {run_dir}/config.json; drop --algo")
     try:
@@ -173,7 +193,9 @@ def compare(ctx, algos, out, **params):
     out = Path(out)
     rows, curves = [], {}
     for name, p in per_algo:
-        res = train_one(name, p, train_set, test_set, out / name, progress=not params["quiet"])
+        board = params.get("tensorboard")
+        res = train_one(name, p, train_set, test_set, out / name, progress=not params["quiet"],
+                        tensorboard=Path(board) / name if board is not None else None)
         curves[name] = ([m["virtual_s"] for m in res.metrics], [m["test_acc"] for m in res.metrics])
         rows.append({"algorithm": name, **{k: res.summary[k] for k in (
             "workers", "final_test_acc", "best_test_acc", "final_test_loss", "tau_mean", "tau_max", "updates",

@@ -14,7 +14,7 @@ The loop of every runtime, for worker m (``w = factory.build(m)``)::
     pulled = training.server.pull(m)                  # elastic rules pull after compute
     loss, computed = w.compute(pulled, training.lr)
     training.server.push(m, w.message(pulled, computed), training.lr)
-    training.after_push(w.samples_per_message, loss, now)
+    training.after_push(w.samples_per_message, loss, now, train_acc=w.train_acc)
     if training.checkpoint_due():
         training.save_checkpoint({"kind": ..., "workers": [w.state_dict() for w in workers], ...})
 
@@ -68,10 +68,12 @@ class Training(Protocol):
     def done(self) -> bool:
         """Whether the sample budget is spent: stop starting messages."""
 
-    def after_push(self, samples: int, loss: float, now: float, evaluator: Evaluator | None = None) -> None:
-        """Count one pushed message of ``samples`` samples and mean loss ``loss``, at time ``now``
-        (virtual seconds for a simulator, wall seconds for a real runtime); evaluates when due,
-        in this process or through ``evaluator``."""
+    def after_push(self, samples: int, loss: float, now: float, evaluator: Evaluator | None = None,
+                   train_acc: float | None = None) -> None:
+        """Count one pushed message of ``samples`` samples, mean loss ``loss`` and training accuracy
+        ``train_acc`` (the worker's ``train_acc`` after its compute), at time ``now`` (virtual seconds
+        for a simulator, wall seconds for a real runtime); evaluates when due, in this process or
+        through ``evaluator``."""
 
     def evaluation_due(self, samples: int) -> bool:
         """Whether ``after_push(samples, ...)`` will evaluate. A runtime that keeps the server's

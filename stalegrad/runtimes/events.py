@@ -73,7 +73,7 @@ class EventLoop:
             if not algo.pull_before_compute:
                 self.pulled[m] = server.pull(m, out=self.pulled[m])
             server.push(m, worker.message(self.pulled[m], computed), lr)
-            training.after_push(worker.samples_per_message, loss, self.now)
+            training.after_push(worker.samples_per_message, loss, self.now, train_acc=worker.train_acc)
             self.continue_after_push(m)
         training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
 
@@ -164,7 +164,7 @@ class Replay:
                 now = trace.wall_s[i]
             else:
                 now = (i + 1) * per_event * self.algo.steps_per_message
-            training.after_push(worker.samples_per_message, loss, now)
+            training.after_push(worker.samples_per_message, loss, now, train_acc=worker.train_acc)
             self.i = i + 1
             if exhausted or pending[m] >= len(wants[m]):
                 self.pull(m)

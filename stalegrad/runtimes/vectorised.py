@@ -4,10 +4,22 @@ A worker's gradient depends only on the weights it pulled and on its own next
 mini-batch, both fixed when it starts. So the simulator need not compute it
 when the worker starts, nor one worker at a time: it keeps the started
 workers waiting, and when the event loop pops a worker whose gradient is not
-computed yet, it computes the gradients of *all* waiting workers in one
-batched call, ``torch.func.vmap`` over ``grad_and_value`` of the model's
-``functional_call``, on their stacked weights and mini-batches. Under round
-robin that is M workers' gradients every M events.
+computed yet, it computes the gradients of that worker and of the workers
+waiting longest (up to a group) in one batched call, ``torch.func.vmap`` over
+``grad_and_value`` of the model's ``functional_call``, on their stacked weights
+and mini-batches. Under round robin that is a group's gradients every group of
+events.
+
+The commit and elastic rules (agn, downpour, dynsgd, easgd, aeasgd;
+``Algorithm.batched_compute``) are batched the same way, a whole window at a
+time: a worker's window depends only on what it pulled (or, elastic, on its own
+weights), its optimizer state and its own mini-batches. Their states are
+stacked (``stack_states``: weights and Adam moments to (K, n), Adam's step
+counts to one per row), the algorithm's own ``worker_compute`` runs ``window``
+batched steps (``local_opt.step`` on (K, n), each row the step that worker
+would take alone) with batched gradients, and the states are written back.
+The learning rate of a group is the one at its first pop, so this needs a
+constant learning rate.
 
 Everything else is the one-by-one event loop (``events.EventLoop``): the same
 heap, the same delay draws, the same pulls (and snapshots) at the same
@@ -19,16 +31,18 @@ final weights and the (worker, tau) sequence.
 BatchNorm: each gradient uses its own mini-batch's statistics, as in the
 one-by-one mode. The running statistics that the one-by-one mode updates in
 every forward pass are updated here from each mini-batch's mean and variance,
-collected during the batched call and folded in when that worker's event is
-popped, so evaluations in between see the same statistics.
+collected during the batched call and folded in (every local step's, in order)
+when that worker's event is popped, so evaluations in between see the same
+statistics.
 
-Scope: the gradient algorithms (sgd, ssgd, asgd, dcasgd-c, dcasgd-a), whose
-message is one gradient at the pulled weights (``Algorithm.vectorisable``). Commit and elastic algorithms
-(agn, downpour, dynsgd, easgd, aeasgd) take local steps that depend on each
-other, trace replays pull at recorded versions, checkpoints save the streams
-of the workers mid-flight, and dropout draws random numbers per worker: for
-those the simulator runs one worker at a time, as without the flag, and says
-so in the run's notes (``summary.json``).
+Scope: the gradient algorithms (sgd, ssgd, asgd, dcasgd-c, dcasgd-a, whose
+message is one gradient at the pulled weights: ``Algorithm.vectorisable``) and
+the commit and elastic ones. Runs whose learning rate changes (commit rules),
+models too large to stack two workers on the CPU (commit rules:
+``CPU_STACK_BYTES``), trace replays (pulls at recorded versions), checkpoints
+(they save the workers' streams mid-flight) and dropout (random numbers per
+worker) run one worker at a time, as without the flag, and say so in the run's
+notes (``summary.json``).
 """
 from __future__ import annotations
 
@@ -91,9 +105,9 @@ class BatchedGradient:
     """Loss and flat gradient of a FlatModel's module for K weight vectors at once.
 
     ``__call__(W, X, Y)``: W is (K, n) flat weights, X (K, B, ...) and Y (K, B)
-    K mini-batches; returns the K mean losses, the (K, n) gradients and, per
-    BatchNorm layer with running statistics, the (K, C) batch means and
-    unbiased variances.
+    K mini-batches; returns the K mean losses, the (K, n) gradients, per
+    BatchNorm layer with running statistics the (K, C) batch means and
+    unbiased variances, and the K mini-batches' numbers of correct predictions.
 
     ``vmap`` over ``grad_and_value`` of the loss of ``functional_call``, with
     the parameters given as (K, *shape) views of W, one per parameter: that is
@@ -124,7 +138,8 @@ class BatchedGradient:
             # cross-entropy as log_softmax + gather: under vmap F.cross_entropy's nll_loss runs a
             # Python decomposition, ~20% of a small model's batched call
             out = -logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).mean()
-            return out, tuple(self._stats)
+            correct = (logits.detach().argmax(-1) == y).sum()
+            return out, (tuple(self._stats), correct)
 
         self._batched = vmap(grad_and_value(loss, has_aux=True), randomness="error")
 
@@ -142,14 +157,14 @@ class BatchedGradient:
         for m in self.norms:            # batch statistics only: the running ones are folded in later
             m.track_running_stats = False
         try:
-            grads, (losses, stats) = self._batched(params, X, Y)
+            grads, (losses, (stats, correct)) = self._batched(params, X, Y)
         finally:
             for m in self.norms:
                 m.track_running_stats = True
             for h in hooks:
                 h.remove()
         flat = torch.cat([grads[name].reshape(K, -1) for name, *_ in self.layout], dim=1)
-        return losses, flat, stats
+        return losses, flat, stats, correct
 
     def fold_running_stats(self, stats) -> None:
         """Update the running statistics with one mini-batch's ((mean, var) per layer), as F.batch_norm does."""
@@ -169,9 +184,11 @@ class VectorisedLoop(EventLoop):
         super().__init__(training, delay, step_time, rng)
         model = training.worker_factory.model
         self.x, self.y = training.worker_factory.x, training.worker_factory.y
+        self.batch_size = training.worker_factory.batch_size
         self.grad = BatchedGradient(model)
         self.waiting: list[int] = []        # started; not computed yet (in start order)
-        self.ready: dict[int, tuple] = {}   # m -> (loss, computed, batch statistics of each step), not pushed yet
+        # m -> (loss, computed, batch statistics of each step, training accuracy), not pushed yet
+        self.ready: dict[int, tuple] = {}
         # the stacked vectors of one batched call: weights and gradients, plus for a window the pulled
         # weights, the optimizer state, its temporaries and the commit
         self.group = max(1, GROUP_BYTES // (8 * model.numel))
@@ -199,9 +216,10 @@ class VectorisedLoop(EventLoop):
         if self.algo.batched_compute:
             self.compute_windows(ms)
             return
-        losses, grads, stats = self.gradients(ms, torch.stack([self.pulled[k] for k in ms]))
+        losses, grads, stats, correct = self.gradients(ms, torch.stack([self.pulled[k] for k in ms]))
+        accs = (correct.double() / self.batch_size).tolist()
         for i, (k, loss) in enumerate(zip(ms, losses.tolist())):
-            self.ready[k] = (loss, grads[i], [[(mean[i], var[i]) for mean, var in stats]])
+            self.ready[k] = (loss, grads[i], [[(mean[i], var[i]) for mean, var in stats]], accs[i])
 
     def compute_windows(self, ms: list[int]) -> None:
         """The local steps of workers ms, stacked: each row the window that worker would run alone."""
@@ -210,17 +228,21 @@ class VectorisedLoop(EventLoop):
         batched = algo.stack_states(states)
         pulled = torch.stack([self.pulled[m] for m in ms]) if algo.pull_before_compute else None
         steps = []   # the batch statistics of each local step
+        correct = 0  # each worker's correct predictions over its window
 
         def grad_fn(W):
-            losses, grads, stats = self.gradients(ms, W)
+            nonlocal correct
+            losses, grads, stats, right = self.gradients(ms, W)
             steps.append(stats)
+            correct = correct + right
             return losses.double(), grads   # one by one, the mean loss is a sum of Python floats
 
         losses, computed = algo.worker_compute(batched, pulled, grad_fn, self.training.lr)
         algo.unstack_states(batched, states)
+        accs = (correct.double() / (len(steps) * self.batch_size)).tolist()
         for k, (m, loss) in enumerate(zip(ms, losses.tolist())):
             self.ready[m] = (loss, None if computed is None else computed[k],
-                             [[(mean[k], var[k]) for mean, var in stats] for stats in steps])
+                             [[(mean[k], var[k]) for mean, var in stats] for stats in steps], accs[k])
 
     def run(self) -> None:
         training, server, algo = self.training, self.server, self.algo
@@ -228,7 +250,7 @@ class VectorisedLoop(EventLoop):
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
                 self.compute_waiting(m)
-            loss, computed, steps = self.ready.pop(m)
+            loss, computed, steps, train_acc = self.ready.pop(m)
             if self.grad.norms:
                 for stats in steps:
                     self.grad.fold_running_stats(stats)
@@ -237,5 +259,5 @@ class VectorisedLoop(EventLoop):
             if not algo.pull_before_compute:
                 self.pulled[m] = server.pull(m, out=self.pulled[m])
             server.push(m, worker.message(self.pulled[m], computed), lr)
-            training.after_push(worker.samples_per_message, loss, self.now)
+            training.after_push(worker.samples_per_message, loss, self.now, train_acc=train_acc)
             self.continue_after_push(m)

@@ -81,7 +81,7 @@ def worker_main(m: int, factory: WorkerFactory, blob: bytes, device: str, thread
             push_buf.copy_(msg)
             if buffers.numel:
                 buffers.write(bn_buf)
-            lr = ask((PUSH, worker.samples_per_message, loss))[1]
+            lr = ask((PUSH, worker.samples_per_message, loss, worker.train_acc))[1]
             record_latency(meters, PUSH_RING, time.perf_counter() - t0)
     except (_Stop, EOFError, ConnectionError):
         pass   # told to stop, or the server is gone

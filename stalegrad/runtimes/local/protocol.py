@@ -10,7 +10,8 @@ Worker -> server, and the server's answer::
     ("ready",)               -> ("ok", lr)           the worker is built; when resuming, the server sends
                                                      ("restore", state) first
     ("pull",)                -> ("w", version, lr)   the weights are in the worker's pull buffer
-    ("push", samples, loss)  -> ("ok", lr)           the message in the worker's push buffer was applied
+    ("push", samples, loss, train_acc)
+                             -> ("ok", lr)           the message in the worker's push buffer was applied
                                                      (synchronous rules: once the round closed)
     ("state", state)            the answer to ("state",): the worker's ``Worker.state_dict()``, on CPU
     ("error", text)             a Python exception in the worker: the run stops with it

@@ -258,7 +258,7 @@ class _Session:
             self.send(m, (WEIGHTS, self.server.version, training.lr))
             self.measure.handled("pull", time.perf_counter() - t0)
         elif kind == PUSH:
-            self.on_push(m, msg[1], msg[2])
+            self.on_push(m, msg[1], msg[2], msg[3])
             self.measure.handled("push", time.perf_counter() - t0)
         elif kind == READY:
             self.measure.ready_at[m] = self.now()
@@ -276,14 +276,14 @@ class _Session:
         elif kind == ERROR:
             raise WorkerError(f"worker {m} failed: {msg[1]}")
 
-    def on_push(self, m: int, samples: int, loss: float) -> None:
+    def on_push(self, m: int, samples: int, loss: float, train_acc: float) -> None:
         training, server = self.training, self.server
         now = self.now()
         msg = self.push_bufs[m] if self.on_cpu else self.push_dev[m].copy_(self.push_bufs[m])
         self.measure.pushed(m, self.pulled_at[m], server.version, now)
         server.push(m, msg, training.lr)
         self.samples += samples
-        training.after_push(samples, loss, now, evaluator=self.evaluator)
+        training.after_push(samples, loss, now, evaluator=self.evaluator, train_acc=train_acc)
         if training.done and not training.checkpoint_every:
             return   # no answer: the run is over
         if self.holding is None and (training.done or training.checkpoint_due()):

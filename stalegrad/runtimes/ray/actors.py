@@ -133,11 +133,12 @@ class WorkerActor:
         lo, hi = torch.aminmax(msg)
         finite = bool(torch.isfinite(lo) and torch.isfinite(hi))
         flat = msg.detach().cpu().numpy()
-        meta = (loss, self.worker.samples_per_message, finite)
+        meta = (loss, self.worker.samples_per_message, finite, self.worker.train_acc)
         return (meta, *[flat[a:b] for a, b in self.bounds])
 
     def step(self, lr: float, *slices) -> tuple:
-        """Pull (the slices), compute, and return (meta, *message slices); meta = (loss, samples, finite)."""
+        """Pull (the slices), compute, and return (meta, *message slices); meta = (loss, samples, finite,
+        train_acc)."""
         self._load(slices)
         loss, self.computed = self.worker.compute(self.pulled, lr)
         return self._message(loss)

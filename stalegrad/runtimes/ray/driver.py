@@ -210,7 +210,7 @@ class Driver:
 
     def push(self, m: int, meta: tuple, slices: list) -> None:
         """Push worker m's message to the shards, record it and account for it (evaluating when due)."""
-        loss, samples, finite = meta
+        loss, samples, finite, train_acc = meta
         training, sharded = self.training, self.sharded
         now = time.perf_counter() - self.t0
         pulled, version = sharded.pulled_version[m], sharded.version
@@ -223,7 +223,7 @@ class Driver:
             self.trace.append((m, pulled, version, now))
         if training.evaluation_due(samples):
             self.sync(algorithm_state=False)
-        training.after_push(samples, loss, now)
+        training.after_push(samples, loss, now, train_acc=train_acc)
 
     def on_message(self, m: int, meta: tuple, slices: list) -> None:
         training = self.training
