@@ -37,7 +37,7 @@ STEPS = {"synthetic mlp": 3200, "mlp": 1600, "agn-mlp": 240}
 QUICK_STEPS = {"synthetic mlp": 800, "mlp": 400, "agn-mlp": 80}
 CONFIGS = [(model, M, window) for model in ("synthetic mlp", "mlp", "agn-mlp") for M in (8, 40) for window in (10, 40)]
 PLAIN_CONFIGS = [("agn-mlp", 1, 10), ("agn-mlp", 1, 40)]
-MEMORY_WORKERS = (1, 8, 20, 40)
+MEMORY_WORKERS = (1, 8, 40)
 
 
 def plain_loop(model_name: str, train, steps: int, optimizer: str) -> float:
@@ -111,11 +111,26 @@ def falls_back(model: str, data: dict) -> bool:
     return window_group(FlatModel(build_model(name, tuple(x.shape[1:]), 10))) < 2
 
 
-def run(quick: bool = False) -> dict:
+def memory_rows(quick: bool):
+    """Peak RSS growth against M, MB per worker (fitted from the smallest and largest M), and 100 workers."""
+    mem = [{"workers": M, **memory(M)} for M in (MEMORY_WORKERS[:2] if quick else MEMORY_WORKERS)]
+    n = mem[0]["params"]
+    for m in mem:
+        m["state_mb"] = 3 * m["workers"] * n * 4 / 2**20   # pulled weights + Adam's m and v, per worker
+    slope = (mem[-1]["growth_mb"] - mem[0]["growth_mb"]) / (mem[-1]["workers"] - mem[0]["workers"])
+    return mem, slope, mem[0]["growth_mb"] + slope * (100 - mem[0]["workers"])
+
+
+def run(quick: bool = False, rounds: int | None = None, parts: str = "all") -> dict:
+    """parts: "all", "timing" (no memory) or "memory" (only memory)."""
+    if parts == "memory":
+        mem, slope, at_100 = memory_rows(quick)
+        return {"memory": mem, "mb_per_worker": slope, "extrapolated_mb_at_100": at_100, "targets": {},
+                "table": memory_table(mem, slope, at_100)}
     steps = QUICK_STEPS if quick else STEPS
     train, test, source = image_data(60_000)
     data = {"images": (train, test), "synthetic": load_pair("synthetic")}
-    rounds = 1 if quick else 2
+    rounds = rounds or (1 if quick else 2)
     sim_run("mlp", data, 4, 2, 8, True)         # warm-up: torch.func's set-up, first calls
     sim_run("synthetic mlp", data, 4, 2, 8, True)
     sim_run("agn-mlp", data, 2, 2, 4, False)
@@ -154,12 +169,7 @@ def run(quick: bool = False) -> dict:
                 "samples_per_s": common.median(r["rate"]), "setup_s": common.median(r["setup"]),
                 "vs_plain_adam": common.median([a / p for a, p in zip(r["rate"], plain["adam"])]),
                 "vs_plain_sgd": common.median([a / p for a, p in zip(r["rate"], plain["sgd"])])})
-    mem = [{"workers": M, **memory(M)} for M in (MEMORY_WORKERS[:2] if quick else MEMORY_WORKERS)]
-    n = mem[0]["params"]
-    for m in mem:
-        m["state_mb"] = 3 * m["workers"] * n * 4 / 2**20   # pulled weights + Adam's m and v, per worker
-    slope = (mem[-1]["growth_mb"] - mem[0]["growth_mb"]) / (mem[-1]["workers"] - mem[0]["workers"])
-    at_100 = mem[0]["growth_mb"] + slope * (100 - mem[0]["workers"])
+    mem, slope, at_100 = memory_rows(quick) if parts in ("all", "memory") else ([], 0.0, 0.0)
     ok = all(r["vs_plain_adam"] >= TARGET for r in against_plain if r["workers"] == 40)
     best40 = {w: max(r["vs_plain_adam"] for r in against_plain if r["workers"] == 40 and r["window"] == w)
               for w in {r["window"] for r in against_plain if r["workers"] == 40}}
@@ -185,14 +195,32 @@ def table(rows, against_plain, plain, mem, slope, at_100) -> str:
         ["agn-mlp: M", "window", "mode", "samples/s", "/ plain Adam (>= 0.9 at M = 40)", "/ plain SGD", "set-up s"],
         [[r["workers"], r["window"], "vectorised" if r["vectorised"] else "one-by-one", f"{r['samples_per_s']:.0f}",
           f"{r['vs_plain_adam']:.2f}", f"{r['vs_plain_sgd']:.2f}", f"{r['setup_s']:.2f}"] for r in against_plain])
-    c = common.table(["agn-mlp: M", "peak RSS growth MB", "pulled + Adam m, v: MB"],
-                     [[m["workers"], f"{m['growth_mb']:.0f}", f"{m['state_mb']:.0f}"] for m in mem])
     return (a + "".join(f"\nnote: {n}" for n in notes) + f"\n\nplain loops, agn-mlp: Adam {common.median(plain['adam']):.0f} samples/s, "
-            f"SGD {common.median(plain['sgd']):.0f} samples/s\n\n" + b + "\n\n" + c +
-            f"\n{slope:.0f} MB per worker; 100 workers: about {at_100 / 1024:.1f} GB (extrapolated)")
+            f"SGD {common.median(plain['sgd']):.0f} samples/s\n\n" + b + ("\n\n" + memory_table(mem, slope, at_100) if mem else ""))
 
 
-if __name__ == "__main__":
-    res = run("--quick" in sys.argv)
+def memory_table(mem, slope, at_100) -> str:
+    return (common.table(["agn-mlp: M", "peak RSS growth MB", "pulled + Adam m, v: MB"],
+                         [[m["workers"], f"{m['growth_mb']:.0f}", f"{m['state_mb']:.0f}"] for m in mem])
+            + f"\n{slope:.0f} MB per worker; 100 workers: about {at_100 / 1024:.1f} GB (extrapolated)")
+
+
+if __name__ == "__main__":   # e.g. --threads 1 --clock cpu --rounds 1 --parts timing
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--parts", choices=("all", "timing", "memory"), default="all")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu":
+        common.use_cpu_clock()
+    before = common.load()
+    res = run(args.quick, args.rounds, args.parts)
+    res.update(machine=common.machine(), loadavg_before=before, loadavg_after=common.load())
+    common.write_json(f"commit_rules_{args.parts}" + ("_quick" if args.quick else ""), res)
     print(res["table"])
-    print(res["targets"], common.load())
+    print(res["targets"], "load average", before, "->", common.load())
