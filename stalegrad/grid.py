@@ -8,7 +8,6 @@ The file has three tables (experiments/README.md says more)::
     [axes]           # lists; the grid is their Cartesian product
     algos = ["sgd", "asgd", "dcasgd-a"]   # or algo
     workers = [4, 8, 16]
-    delay = ["uniform", "gamma:2"]
     seeds = [0, 1, 2]                     # or seed
     lam0 = [1.0, 2.0]                     # any algorithm parameter or train option
     [report]         # target, baseline: for the report written at the end (stalegrad.report)
@@ -26,11 +25,9 @@ checks it before anything runs.
 Names: the algorithm and a part for every axis that applies to the cell, joined by ``-``, e.g.
 ``asgd-M8-lr0.1-gamma2-s0`` (``cell_name`` and experiments/README.md give the rules).
 
-DIR holds ``runs/<cell>/`` (a run directory), ``cells/<cell>.toml`` (the run's --config),
-``logs/<cell>.log`` (its stderr) and ``grid.json``: every cell with its options, ``status`` (``done``,
-``failed`` with ``reason``, ``skipped``, ``interrupted``, ``pending``), ``exit_code`` and ``run_s``,
-rewritten atomically after every cell. A rerun skips the cells whose run holds summary.json and runs
-the others (``--overwrite``; ``cli/grid.py``: ``plan``).
+DIR holds ``runs/<cell>/``, ``cells/<cell>.toml`` (its --config), ``logs/<cell>.log`` (its stderr) and
+``grid.json`` (every cell's options, ``status``, ``exit_code``, ``run_s``, ``reason``), rewritten atomically
+after every cell. A rerun skips the cells whose run holds summary.json (``cli/grid.py``: ``plan``).
 """
 from __future__ import annotations
 
@@ -58,6 +55,10 @@ REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "re
            "tensorboard": "give 'stalegrad grid --tensorboard DIR': each run logs into DIR/<cell>"}
 PREFIX = {"workers": "M", "window": "W", "lr": "lr", "seed": "s", "algo": "", "delay": ""}
 REPORT_KEYS = ("target", "baseline")
+# `stalegrad train` in a child, answering SIGINT (_stop) even when the grid runs in the background
+# (nohup, `&`), which ignores SIGINT and would pass that on (preexec_fn could lose a Ctrl-C at fork).
+CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "from stalegrad.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 @dataclass
@@ -297,7 +298,7 @@ class GridRun:
     def _start(self, cell: Cell) -> subprocess.Popen:
         run_dir, toml_path = self.out / "runs" / cell.name, self.out / "cells" / f"{cell.name}.toml"
         toml_path.write_text(cell.toml)
-        cmd = [sys.executable, "-m", "stalegrad", "train", "--config", str(toml_path), "--out", str(run_dir),
+        cmd = [sys.executable, "-c", CHILD, "train", "--config", str(toml_path), "--out", str(run_dir),
                "--quiet"] + (["--overwrite"] if run_dir.exists() else [])
         if self.tensorboard is not None:
             cmd += ["--tensorboard", str(self.tensorboard / cell.name)]
@@ -323,8 +324,7 @@ class GridRun:
             reason = "exited 0 but wrote no summary.json"
         rec.update(status="failed", reason=reason or f"exit code {code}")
 
-    def _stop(self, running: dict) -> None:
-        """Ctrl-C: interrupt every child as a terminal would (it cleans up), then kill what is left."""
+    def _stop(self, running: dict) -> None:   # Ctrl-C: interrupt every child (it cleans up), kill what is left
         for proc in running:
             _signal(proc, signal.SIGINT)
         deadline = time.monotonic() + 30
@@ -393,6 +393,6 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
 
 
 def _on_sigterm():
-    """SIGTERM stops the grid as Ctrl-C does (KeyboardInterrupt): the children are stopped, not orphaned."""
-    with contextlib.suppress(ValueError):      # not the main thread: None
+    """SIGTERM stops the grid as Ctrl-C does: the children are stopped, not orphaned (None off the main thread)."""
+    with contextlib.suppress(ValueError):
         return signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -243,7 +243,7 @@ def test_jobs_threads_and_the_child_command(tmp_path, run, monkeypatch):
     code, _, err = run(path, "--out", out, "--jobs", 2, "--no-report", "--tensorboard", tmp_path / "tb")
     assert code == 0, err
     (cmd0, env0), (cmd1, _) = started
-    assert cmd0[:4] == [sys.executable, "-m", "stalegrad", "train"] and "--quiet" in cmd0
+    assert cmd0[:4] == [sys.executable, "-c", G.CHILD, "train"] and "--quiet" in cmd0
     assert cmd1[-2:] == ["--tensorboard", str(tmp_path / "tb" / "asgd-s1")]
     assert "--overwrite" not in cmd0 and "--overwrite" in cmd1
     assert env0["OMP_NUM_THREADS"] == env0["MKL_NUM_THREADS"] == "2"
@@ -259,14 +259,23 @@ def test_default_jobs():
     assert cli_grid.default_jobs([cell()], 1) == 1
 
 
-def test_ctrl_c_stops_the_children_and_the_grid_continues_later(tmp_path):
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm-in-background"])
+def test_ctrl_c_stops_the_children_and_the_grid_continues_later(tmp_path, how):
+    """Ctrl-C; or SIGTERM to a grid started in the background (nohup, `&`), which ignores SIGINT: its
+    children must not inherit that, or the grid's SIGINT would not reach them (they were killed)."""
     out = tmp_path / "out"
     path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1, 2]\n')
     code = ("import sys, stalegrad.cli as c; from stalegrad.cli.grid import grid; c.cli.add_command(grid); "
             "sys.exit(c.main(sys.argv[1:]))")
     cmd = [sys.executable, "-c", code, "grid", str(path), "--out", str(out), "--jobs", "1", "--no-report"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    background = how == "sigterm-in-background"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ignore_sigint if background else None)
+    deadline = time.monotonic() + 300     # the first run done: seconds, but minutes on a loaded machine
     while time.monotonic() < deadline:
         try:
             if any(r["status"] == "done" for r in records(out).values()):
@@ -274,10 +283,17 @@ def test_ctrl_c_stops_the_children_and_the_grid_continues_later(tmp_path):
         except (OSError, ValueError):
             pass
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    else:
+        proc.kill()
+        pytest.fail("no run of the grid finished in 300 s")
+    time.sleep(2)    # the next child is running (a signal during its fork could only be more racy)
+    proc.send_signal(signal.SIGTERM if background else signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "grid: interrupted:" in err and "stalegrad: interrupted" in err
+    stopped = [r for r in records(out).values() if r["status"] == "interrupted"]
+    # interrupted: 130 (it cleaned up) or -2 (still starting Python), not -9 (killed after 30 s)
+    assert len(stopped) == 1 and stopped[0]["exit_code"] in (130, -2)
     status = [r["status"] for r in records(out).values()]
     assert status[0] == "done" and "interrupted" in status and "done" not in status[2:]
     assert (out / "runs" / "asgd-s0" / "summary.json").is_file()
