@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:        # run from a checkout, without installing
     sys.path.insert(0, str(ROOT))
 
+import stalegrad  # noqa: E402,F401  before torch: its OMP_WAIT_POLICY default must reach libgomp
 import torch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

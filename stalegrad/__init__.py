@@ -12,6 +12,15 @@ the command line's help do not pay for importing torch.
 from __future__ import annotations
 
 import importlib
+import os
+
+# Idle OpenMP threads sleep instead of spinning. torch's default (libgomp, ACTIVE) spins at every
+# parallel region's barrier; when another process holds one of the cores, the spinning thread waits
+# for its descheduled peer and a step took 20 to 90 times as long here (docs/performance.md, "Stalls
+# in diverging runs"). The arithmetic is the same either way (same weights_sha256). libgomp reads
+# this when torch is first imported, so it acts only if stalegrad is imported before torch; a value
+# the user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.3.0"
 

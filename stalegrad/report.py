@@ -190,10 +190,11 @@ def logs_train_acc(run: dict) -> bool:
     return any(_finite(m.get("train_acc")) for m in run["messages"])
 
 
-def _context(g: dict, drop_workers: bool) -> dict:
-    """A group's settings apart from its algorithm (and the worker count, against a one-worker baseline)."""
+def _context(g: dict, drop_workers: bool, shared: set) -> dict:
+    """A group's settings apart from its algorithm and the parameters only it has (``shared``: those both
+    algorithms have, e.g. agn's and aeasgd's window, count), and the worker count against one worker."""
     return {k: v for k, v in g["key"].items()
-            if k != "algo" and k not in g["algo_keys"] and not (drop_workers and k == "workers")}
+            if k != "algo" and (k not in g["algo_keys"] or k in shared) and not (drop_workers and k == "workers")}
 
 
 def baseline_for(g: dict, candidates: list[dict]) -> tuple[dict, list[str]]:
@@ -201,8 +202,8 @@ def baseline_for(g: dict, candidates: list[dict]) -> tuple[dict, list[str]]:
     and the settings in which they differ."""
     best = None
     for i, b in enumerate(candidates):
-        drop = b["key"].get("workers") == 1
-        ca, cb = _context(g, drop), _context(b, drop)
+        drop, shared = b["key"].get("workers") == 1, g["algo_keys"] & b["algo_keys"]
+        ca, cb = _context(g, drop, shared), _context(b, drop, shared)
         diff = sorted(k for k in ca.keys() | cb.keys() if ca.get(k, _MISSING) != cb.get(k, _MISSING))
         rank = (len(diff), b is not g, i)
         if best is None or rank < best[0]:

@@ -252,3 +252,26 @@ def test_diverged_and_repeated_runs_are_told(runs, tmp_path):
     assert f"- Diverged runs: 1 of 2: {tmp_path / 'in' / 'c'}." in md
     assert row(md, "asgd", "## Staleness")[-1] == "1 of 2 |"
     assert f"left out {tmp_path / 'in' / 'b'}: a second run of seed 0" in md
+
+
+def test_the_baseline_shares_the_algorithm_parameters_both_have(tmp_path):
+    """agn window=40 is compared with aeasgd window=40, not with the first aeasgd group (window is an
+    algorithm parameter of both); a parameter only one of them has (rho) does not count."""
+    def fake(name, algo, window, acc, **params):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"algorithm": {"name": algo, "window": window, **params},
+                                                   "workers": 8, "seed": 0, "runtime": {"name": "sim"}}))
+        (d / "metrics.jsonl").write_text(json.dumps({"virtual_s": 0.0, "wall_s": 0.0, "test_acc": 0.1, "samples": 0}) + "\n"
+                                         + json.dumps({"virtual_s": 10.0, "wall_s": 1.0, "test_acc": acc, "samples": 1}) + "\n")
+        (d / "summary.json").write_text(json.dumps({"final_test_acc": acc, "best_test_acc": acc}))
+        (d / "staleness.json").write_text("{}")
+    fake("ae10", "aeasgd", 10, 0.5, rho=5.0)
+    fake("ae40", "aeasgd", 40, 0.9, rho=5.0)
+    fake("agn10", "agn", 10, 0.7)
+    fake("agn40", "agn", 40, 0.7)
+    write_report([tmp_path], tmp_path / "out", baseline="aeasgd")
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    # areas: 0.5*(0.1+x)*10; agn 4.0 against aeasgd window 10: 3.0, window 40: 5.0
+    assert group(rep, "agn window=10")["temporal_efficiency"]["mean"] == pytest.approx(4.0 / 3.0)
+    assert group(rep, "agn window=40")["temporal_efficiency"]["mean"] == pytest.approx(4.0 / 5.0)

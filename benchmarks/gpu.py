@@ -1,0 +1,152 @@
+"""GPU: the simulator and the vectorised commit rules on one CUDA device, M = 40, agn-mlp.
+
+    python benchmarks/gpu.py --out $OUT/gpu.json        # on the device machine, about 3 minutes
+    python benchmarks/gpu.py --device cpu --quick       # a dry run of this script on a CPU
+
+Issue 11's GPU part, as one prepared script: it needs a CUDA build of torch
+(the Makefile installs the CPU build: ``make install TORCH='torch==2.13.0
+--index-url https://download.pytorch.org/whl/cu126'`` or whatever the machine
+offers) and stops at once, with one line and exit code 2, when no CUDA device
+is present. Rows (Fashion-MNIST when installed, else synthetic MNIST-shaped
+data; batch 128; seed 0):
+
+- ``plain adam``: a plain PyTorch Adam loop on the device (the baseline);
+- ``sim agn w=W``: AGN, 40 workers, window W in (10, 40), one worker at a time;
+- ``sim agn w=W vectorised``: the same with ``Simulator(vectorised=True)``
+  (when the tree cannot batch commit rules the run says so in its notes, and
+  the row is marked ``fell back``);
+- ``sim asgd`` and ``sim asgd vectorised``: the gradient rule, batched since issue 4.
+
+Each stalegrad row is two rounds of all 40 workers' messages, timed around the
+event loop with ``torch.cuda.synchronize``; samples/s, the ratio to plain, and
+the device's peak memory. On a GPU an absolute time means something, so the
+JSON keeps the seconds too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (stalegrad, then torch)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import stalegrad as sg  # noqa: E402
+from stalegrad.models import build_model  # noqa: E402
+from workloads import image_data  # noqa: E402
+
+MODEL, BATCH, WORKERS, WINDOWS = "agn-mlp", 128, 40, (10, 40)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class DeviceTimedSimulator(sg.Simulator):
+    device = "cpu"
+
+    def run(self, *args, **kwargs):
+        sync(self.device)
+        t = time.perf_counter()
+        super().run(*args, **kwargs)
+        sync(self.device)
+        self.elapsed = time.perf_counter() - t
+
+
+def plain_adam(train, device: str, samples: int) -> float:
+    torch.manual_seed(0)
+    model = build_model(MODEL, tuple(train.x.shape[1:]), 10).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.001)
+    x, y = train.x.to(device), train.y.to(device)
+    gen = torch.Generator().manual_seed(0)
+    steps = samples // BATCH
+    perm = torch.randperm(len(y), generator=gen).to(device)
+
+    def step(i):
+        j = (i * BATCH) % (len(y) - BATCH)
+        idx = perm[j:j + BATCH]
+        opt.zero_grad()
+        F.cross_entropy(model(x.index_select(0, idx)), y.index_select(0, idx)).backward()
+        opt.step()
+
+    for i in range(10):   # warm-up: kernels, allocator
+        step(i)
+    sync(device)
+    t = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    sync(device)
+    return steps * BATCH / (time.perf_counter() - t)
+
+
+def sim_row(train, test, device: str, algorithm, vectorised: bool, samples: int) -> dict:
+    sim = DeviceTimedSimulator(vectorised=vectorised)
+    sim.device = device
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    res = sg.train(MODEL, train, test, algorithm, WORKERS, sim, epochs=samples / len(train.y), batch_size=BATCH,
+                   eval_every=1e9, seed=0, device=device)
+    fell_back = any("vectorised simulation not used" in n for n in res.summary["notes"])
+    return {"samples": res.summary["samples"], "seconds": sim.elapsed,
+            "samples_per_s": res.summary["samples"] / sim.elapsed, "fell_back": fell_back,
+            "peak_mem_mb": torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else None,
+            "final_test_acc": res.summary["final_test_acc"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
+    ap.add_argument("--quick", action="store_true", help="one round, tiny budgets (a dry run)")
+    ap.add_argument("--out", default=str(common.RESULTS / "gpu.json"), help="the JSON file to write")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        print(f"gpu.py: error: no CUDA device (torch {torch.__version__} is {build}; "
+              "torch.cuda.is_available() is False); run it on a GPU machine with a CUDA build of torch, "
+              "or pass --device cpu for a dry run", file=sys.stderr)
+        return 2
+    machine = common.machine()
+    if args.device.startswith("cuda"):
+        machine["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
+        machine["cuda"] = torch.version.cuda
+    print(f"machine: {machine}", flush=True)
+    train, test, source = image_data(60_000, 10_000)
+    rounds = 1 if args.quick else 2
+    plain_samples = 2_560 if args.quick else 51_200
+    rows = []
+    plain = plain_adam(train, args.device, plain_samples)
+    rows.append({"run": "plain adam", "samples_per_s": plain, "ratio": 1.0})
+    configs = [(f"sim agn w={w}", sg.AGN(window=w), rounds * WORKERS * w * BATCH) for w in WINDOWS]
+    configs.append(("sim asgd", sg.ASGD(), rounds * 8 * WORKERS * BATCH))
+    if args.quick:
+        configs = [(n, a, min(s, WORKERS * BATCH)) for n, a, s in configs]
+    for name, algorithm, samples in configs:
+        for vectorised in (False, True):
+            label = name + (" vectorised" if vectorised else "")
+            r = sim_row(train, test, args.device, algorithm, vectorised, samples)
+            r.update(run=label, ratio=r["samples_per_s"] / plain)
+            rows.append(r)
+            print(f"{label}: {r['samples_per_s']:.0f} samples/s, {r['ratio']:.2f} x plain, {r['seconds']:.2f} s"
+                  + (" (fell back to one by one)" if r["fell_back"] else ""), flush=True)
+    table = common.table(
+        ["run", "samples/s", "x plain", "seconds", "peak MB", "note"],
+        [[r["run"], f"{r['samples_per_s']:.0f}", f"{r['ratio']:.2f}", f"{r['seconds']:.2f}" if "seconds" in r else "-",
+          f"{r['peak_mem_mb']:.0f}" if r.get("peak_mem_mb") else "-", "fell back" if r.get("fell_back") else ""]
+         for r in rows])
+    print("\n" + table)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine, "device": args.device, "data": source, "model": MODEL,
+                               "workers": WORKERS, "batch": BATCH, "quick": args.quick, "rows": rows,
+                               "loadavg_after": common.load(), "table": table}, indent=2) + "\n")
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
