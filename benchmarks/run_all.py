@@ -9,8 +9,10 @@ same scripts): server_apply (1: server rules against copy bandwidth),
 vectorised (2: batched simulation), sim_overhead (3: the simulator against a
 plain loop, M up to 40), stalls (4: diverging runs timed per 1/16 epoch),
 time_to_accuracy (5: wall time to a test accuracy against plain Adam),
-compute (issue 4: a step against matmul peak), and capacity (1: updates/s of
-one server shard and the workers it serves, against each model's step). A section whose script is not
+commit_rules (2 and 3: commit rules' windows vectorised, agn-mlp at M = 40
+against plain loops, memory against M), compute (issue 4: a step against
+matmul peak), and capacity (1: updates/s of one server shard and the workers it
+serves, against each model's step). A section whose script is not
 in this tree is skipped, and the run says so; a section that fails is
 reported and the others still run (exit code 1 at the end). See each module's
 docstring and docs/performance.md. Every figure with a target is a ratio of
@@ -34,7 +36,8 @@ import common  # noqa: E402  (imports stalegrad, then torch)
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("server_apply", "vectorised", "sim_overhead", "stalls", "time_to_accuracy", "compute", "capacity")
+SECTIONS = ("server_apply", "vectorised", "sim_overhead", "stalls", "time_to_accuracy", "compute", "capacity",
+            "commit_rules")
 TITLES = {
     "server_apply": "1. Server apply: time per update through ParameterServer.push, against a memory copy",
     "vectorised": "2. Vectorised simulation: Simulator(vectorised=True) against one worker at a time",
@@ -43,6 +46,7 @@ TITLES = {
     "time_to_accuracy": "5. Time to accuracy: wall time to a test accuracy against a plain Adam loop",
     "compute": "Compute efficiency (issue 4): one agn-mlp training step against float32 matmul peak",
     "capacity": "1b. Capacity of one server shard: updates/s, and workers served against a worker's step",
+    "commit_rules": "2-3. Commit rules: vectorised windows, agn-mlp at M = 40 against plain PyTorch, memory against M",
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from .._lazy import torch
 from ..errors import ConfigError
 from . import local_opt
 from .base import Algorithm, check_nonnegative, elementwise, param
@@ -25,6 +26,7 @@ class CommitAlgorithm(Algorithm):
                                       "--local-weight-decay")
 
     normalise: ClassVar[bool] = False  # AGN divides the commit by the window
+    batched_compute = True
 
     def validate(self):
         super().validate()
@@ -39,8 +41,25 @@ class CommitAlgorithm(Algorithm):
     def worker_init(self, w0, num_workers):
         return {"opt": local_opt.init(self.local_opt, w0, self.local_momentum)}
 
+    def stack_states(self, states: list[dict]) -> dict:
+        """K workers' states as one (copies): tensors stacked to (K, n), the optimizer's by local_opt."""
+        first = states[0]
+        return {key: local_opt.stack([s[key] for s in states]) if key == "opt"
+                else torch.stack([s[key] for s in states]) if isinstance(value, torch.Tensor)
+                else value   # a scalar every worker shares (the elastic alpha)
+                for key, value in first.items()}
+
+    def unstack_states(self, batched: dict, states: list[dict]) -> None:
+        for key, value in batched.items():
+            if key == "opt":
+                local_opt.unstack(value, [s[key] for s in states])
+            elif isinstance(value, torch.Tensor):
+                for k, s in enumerate(states):
+                    s[key].copy_(value[k])
+
     def local_steps(self, state: dict, w, grad_fn, lr: float) -> float:
-        """``window`` local optimizer steps on ``w`` in place; the mean loss."""
+        """``window`` local optimizer steps on ``w`` in place; the mean loss. Batched (``w`` (K, n), a
+        state from ``stack_states``, a grad_fn returning K losses): the K mean losses."""
         total = 0.0
         for _ in range(self.window):
             loss, g = grad_fn(w)

@@ -79,6 +79,10 @@ class Algorithm:
     # The worker sends one gradient at the weights it pulled (worker_compute is grad_fn(pulled)),
     # so the simulator may compute the gradients of several workers in one batched call.
     vectorisable: ClassVar[bool] = False
+    # worker_compute also runs K workers at once: states from stack_states(states) (written back by
+    # unstack_states), pulled (K, n) and a grad_fn of (K, n) weights returning K losses and (K, n)
+    # gradients; it returns K mean losses and (K, n) computed (or None). The simulator batches waiting workers.
+    batched_compute: ClassVar[bool] = False
     # Keys of the server state that hold per-element tensors shaped like w (or lists of them, one
     # per worker); an @elementwise rule gets these sliced to a chunk and every other key as it is.
     per_element_state: ClassVar[tuple[str, ...]] = ()

@@ -98,8 +98,8 @@ def run_options(f):
         click.option("--step-time", type=float, default=1.0, show_default=True,
                      help="virtual seconds of one local step of a speed-1 worker"),
         click.option("--vectorised", is_flag=True,
-                     help="--runtime sim: compute the gradients of waiting workers in one batched call "
-                          "(gradient algorithms; see docs/performance.md)"),
+                     help="--runtime sim: compute the gradients (or, commit rules, the windows) of waiting "
+                          "workers as one batched computation (see docs/performance.md)"),
         click.option("--runtime", type=click.Choice(RUNTIMES), default="sim", show_default=True,
                      help="sim: deterministic simulator; local: real worker processes on this machine; "
                           "ray: worker and server actors on a Ray cluster (docs/cluster.md)"),

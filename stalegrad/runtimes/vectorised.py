@@ -4,10 +4,22 @@ A worker's gradient depends only on the weights it pulled and on its own next
 mini-batch, both fixed when it starts. So the simulator need not compute it
 when the worker starts, nor one worker at a time: it keeps the started
 workers waiting, and when the event loop pops a worker whose gradient is not
-computed yet, it computes the gradients of *all* waiting workers in one
-batched call, ``torch.func.vmap`` over ``grad_and_value`` of the model's
-``functional_call``, on their stacked weights and mini-batches. Under round
-robin that is M workers' gradients every M events.
+computed yet, it computes the gradients of that worker and of the workers
+waiting longest (up to a group) in one batched call, ``torch.func.vmap`` over
+``grad_and_value`` of the model's ``functional_call``, on their stacked weights
+and mini-batches. Under round robin that is a group's gradients every group of
+events.
+
+The commit and elastic rules (agn, downpour, dynsgd, easgd, aeasgd;
+``Algorithm.batched_compute``) are batched the same way, a whole window at a
+time: a worker's window depends only on what it pulled (or, elastic, on its own
+weights), its optimizer state and its own mini-batches. Their states are
+stacked (``stack_states``: weights and Adam moments to (K, n), Adam's step
+counts to one per row), the algorithm's own ``worker_compute`` runs ``window``
+batched steps (``local_opt.step`` on (K, n), each row the step that worker
+would take alone) with batched gradients, and the states are written back.
+The learning rate of a group is the one at its first pop, so this needs a
+constant learning rate.
 
 Everything else is the one-by-one event loop (``events.EventLoop``): the same
 heap, the same delay draws, the same pulls (and snapshots) at the same
@@ -19,16 +31,18 @@ final weights and the (worker, tau) sequence.
 BatchNorm: each gradient uses its own mini-batch's statistics, as in the
 one-by-one mode. The running statistics that the one-by-one mode updates in
 every forward pass are updated here from each mini-batch's mean and variance,
-collected during the batched call and folded in when that worker's event is
-popped, so evaluations in between see the same statistics.
+collected during the batched call and folded in (every local step's, in order)
+when that worker's event is popped, so evaluations in between see the same
+statistics.
 
-Scope: the gradient algorithms (sgd, ssgd, asgd, dcasgd-c, dcasgd-a), whose
-message is one gradient at the pulled weights (``Algorithm.vectorisable``). Commit and elastic algorithms
-(agn, downpour, dynsgd, easgd, aeasgd) take local steps that depend on each
-other, trace replays pull at recorded versions, checkpoints save the streams
-of the workers mid-flight, and dropout draws random numbers per worker: for
-those the simulator runs one worker at a time, as without the flag, and says
-so in the run's notes (``summary.json``).
+Scope: the gradient algorithms (sgd, ssgd, asgd, dcasgd-c, dcasgd-a, whose
+message is one gradient at the pulled weights: ``Algorithm.vectorisable``) and
+the commit and elastic ones. Runs whose learning rate changes (commit rules),
+models too large to stack two workers on the CPU (commit rules:
+``CPU_STACK_BYTES``), trace replays (pulls at recorded versions), checkpoints
+(they save the workers' streams mid-flight) and dropout (random numbers per
+worker) run one worker at a time, as without the flag, and say so in the run's
+notes (``summary.json``).
 """
 from __future__ import annotations
 
@@ -42,16 +56,27 @@ from ..worker import FlatModel
 from .base import Training
 from .events import EventLoop
 
-# The stacked weights and gradients of one batched call stay under this many bytes.
+# The stacked weights and gradients of one batched call stay under this many bytes; for windows of
+# local steps, the stacked weights, gradients, optimizer state and temporaries.
 GROUP_BYTES = 256 * 2**20
+WINDOW_GROUP_BYTES = 1024 * 2**20
+# On the CPU, a window's stacked vectors and their temporaries are allocated at every local step; glibc
+# serves blocks above 32 MB with a fresh mmap, whose pages fault again at every step (measured: 5x the
+# system time, 0.7 of the one-by-one speed for mlp at M = 40), so each stacked vector stays below this.
+CPU_STACK_BYTES = 24 * 2**20
 
 
 def unsupported(training: Training, delay, resume) -> str | None:
     """Why this run cannot be vectorised, or None."""
     algo = training.server.algorithm
-    if not (algo.vectorisable and algo.pull_before_compute):
-        return (f"{algo.name} does not send one gradient at the pulled weights (only sgd, ssgd, asgd, "
-                "dcasgd-c and dcasgd-a do)")
+    if not (algo.vectorisable and algo.pull_before_compute) and not algo.batched_compute:
+        return (f"{algo.name} neither sends one gradient at the pulled weights nor batches its local steps "
+                "(sgd, ssgd, asgd, dcasgd-c, dcasgd-a, agn, downpour, dynsgd, easgd and aeasgd do)")
+    if algo.batched_compute and constant_lr(training) is not True:
+        return "the learning rate changes during the run, and a batch of windows would use the rate at its start"
+    if algo.batched_compute and window_group(training.worker_factory.model) < 2:
+        return (f"one worker's weights ({4 * training.worker_factory.model.numel / 2**20:.0f} MB) leave no room "
+                f"to stack two under {CPU_STACK_BYTES // 2**20} MB per vector on the CPU")
     if isinstance(delay, Trace) and not algo.synchronous:
         return "a trace replay pulls at recorded versions"
     if resume is not None or training.checkpoint_every:
@@ -60,6 +85,20 @@ def unsupported(training: Training, delay, resume) -> str | None:
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.module.modules()):
         return "the model has dropout, whose random draws differ between batched and one-by-one calls"
     return None
+
+
+def window_group(model: FlatModel) -> int:
+    """How many workers' windows one batched computation stacks."""
+    group = WINDOW_GROUP_BYTES // (4 * 8 * model.numel)   # weights, gradients, pulled, optimizer state, temporaries
+    if model.flat.device.type == "cpu":
+        group = min(group, CPU_STACK_BYTES // (4 * model.numel))
+    return group
+
+
+def constant_lr(training: Training) -> bool | None:
+    """Whether the learning rate stays the same all run (None: this training run does not say)."""
+    milestones = getattr(getattr(training, "schedule", None), "milestones", None)
+    return None if milestones is None else not milestones
 
 
 class BatchedGradient:
@@ -138,49 +177,89 @@ class BatchedGradient:
 
 
 class VectorisedLoop(EventLoop):
-    """The event loop, with every waiting worker's gradient computed in one batched call."""
+    """The event loop, with the computations of all waiting workers run as one batched computation:
+    their gradients (gradient rules), or their windows of local steps (``batched_compute`` rules)."""
 
     def __init__(self, training: Training, delay, step_time, rng):
         super().__init__(training, delay, step_time, rng)
         model = training.worker_factory.model
         self.x, self.y = training.worker_factory.x, training.worker_factory.y
+        self.batch_size = training.worker_factory.batch_size
         self.grad = BatchedGradient(model)
-        self.waiting: list[int] = []        # started; gradient not computed yet (in start order)
-        self.ready: dict[int, tuple] = {}   # m -> (loss, gradient, batch statistics, train acc), not pushed yet
-        self.group = max(1, GROUP_BYTES // (8 * model.numel))   # weights + gradients of one call
+        self.waiting: list[int] = []        # started; not computed yet (in start order)
+        # m -> (loss, computed, batch statistics of each step, training accuracy), not pushed yet
+        self.ready: dict[int, tuple] = {}
+        # the stacked vectors of one batched call: weights and gradients, plus for a window the pulled
+        # weights, the optimizer state, its temporaries and the commit
+        self.group = max(1, GROUP_BYTES // (8 * model.numel))
+        if self.algo.batched_compute:
+            self.group = window_group(model)
 
     def start(self, m: int) -> None:
         super().start(m)
         self.waiting.append(m)
 
-    def compute_waiting(self) -> None:
+    def gradients(self, ms: list[int], W: Tensor):
+        """Each worker's next mini-batch, and the loss and gradient of row k of W on worker ms[k]'s."""
+        idx = torch.cat([self.workers[m].stream.next() for m in ms]).to(self.x.device)
+        x = self.x.index_select(0, idx)   # the rows each worker's grad_fn would gather
+        y = self.y.index_select(0, idx)
+        K = len(ms)
+        return self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
+
+    def compute_waiting(self, m: int) -> None:
+        """Compute worker m's message together with those of the workers that started first (up to a group)."""
         waiting = self.waiting
-        for i in range(0, len(waiting), self.group):
-            ms = waiting[i:i + self.group]
-            idx = torch.cat([self.workers[m].stream.next() for m in ms]).to(self.x.device)
-            x = self.x.index_select(0, idx)   # the rows each worker's grad_fn would gather
-            y = self.y.index_select(0, idx)
-            K = len(ms)
-            W = torch.stack([self.pulled[m] for m in ms])
-            losses, grads, stats, correct = self.grad(W, x.view(K, -1, *x.shape[1:]), y.view(K, -1))
-            accs = (correct.double() / y.shape[0] * K).tolist()
-            for k, (m, loss) in enumerate(zip(ms, losses.tolist())):
-                self.ready[m] = (loss, grads[k], [(mean[k], var[k]) for mean, var in stats], accs[k])
-        waiting.clear()
+        waiting.remove(m)
+        ms = [m] + waiting[:self.group - 1]
+        del waiting[:self.group - 1]
+        if self.algo.batched_compute:
+            self.compute_windows(ms)
+            return
+        losses, grads, stats, correct = self.gradients(ms, torch.stack([self.pulled[k] for k in ms]))
+        accs = (correct.double() / self.batch_size).tolist()
+        for i, (k, loss) in enumerate(zip(ms, losses.tolist())):
+            self.ready[k] = (loss, grads[i], [[(mean[i], var[i]) for mean, var in stats]], accs[i])
+
+    def compute_windows(self, ms: list[int]) -> None:
+        """The local steps of workers ms, stacked: each row the window that worker would run alone."""
+        algo = self.algo
+        states = [self.workers[m].state for m in ms]
+        batched = algo.stack_states(states)
+        pulled = torch.stack([self.pulled[m] for m in ms]) if algo.pull_before_compute else None
+        steps = []   # the batch statistics of each local step
+        correct = 0  # each worker's correct predictions over its window
+
+        def grad_fn(W):
+            nonlocal correct
+            losses, grads, stats, right = self.gradients(ms, W)
+            steps.append(stats)
+            correct = correct + right
+            return losses.double(), grads   # one by one, the mean loss is a sum of Python floats
+
+        losses, computed = algo.worker_compute(batched, pulled, grad_fn, self.training.lr)
+        algo.unstack_states(batched, states)
+        accs = (correct.double() / (len(steps) * self.batch_size)).tolist()
+        for k, (m, loss) in enumerate(zip(ms, losses.tolist())):
+            self.ready[m] = (loss, None if computed is None else computed[k],
+                             [[(mean[k], var[k]) for mean, var in stats] for stats in steps], accs[k])
 
     def run(self) -> None:
-        training, server = self.training, self.server
+        training, server, algo = self.training, self.server, self.algo
         probes = training.probes
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
-                self.compute_waiting()
-            loss, g, stats, train_acc = self.ready.pop(m)
-            if stats:
-                self.grad.fold_running_stats(stats)
+                self.compute_waiting(m)
+            loss, computed, steps, train_acc = self.ready.pop(m)
+            if self.grad.norms:
+                for stats in steps:
+                    self.grad.fold_running_stats(stats)
             worker = self.workers[m]
             lr = training.lr
-            msg = worker.message(self.pulled[m], g)
+            if not algo.pull_before_compute:
+                self.pulled[m] = server.pull(m, out=self.pulled[m])
+            msg = worker.message(self.pulled[m], computed)
             if probes is not None:
                 probes.observe(m, worker, self.pulled[m], msg, server, lr)
             server.push(m, msg, lr)
