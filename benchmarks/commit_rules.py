@@ -21,13 +21,12 @@ import sys
 
 import common
 import torch
-import torch.nn.functional as F
 
 import stalegrad as sg
 from stalegrad.algorithms import make_algorithm
 from stalegrad.data import load_pair
 from stalegrad.models import build_model
-from workloads import SteadySimulator, image_data
+from workloads import SteadySimulator, image_data, plain_samples_per_s
 
 BATCH = 128
 LR = 1e-3
@@ -46,22 +45,7 @@ def plain_loop(model_name: str, train, steps: int, optimizer: str) -> float:
     model = build_model(model_name, tuple(train.x.shape[1:]), 10)
     opt = (torch.optim.Adam(model.parameters(), lr=LR) if optimizer == "adam"
            else torch.optim.SGD(model.parameters(), lr=0.05))
-    gen = torch.Generator().manual_seed(0)
-    x, y, n = train.x, train.y, len(train.y)
-    perm, pos = torch.randperm(n, generator=gen), 0
-    model.train()
-    t = common.clock()
-    for _ in range(steps):
-        if pos + BATCH > n:
-            perm, pos = torch.randperm(n, generator=gen), 0
-        idx = perm[pos:pos + BATCH]
-        pos += BATCH
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x.index_select(0, idx)), y.index_select(0, idx))
-        loss.backward()
-        opt.step()
-        loss.item()
-    return steps * BATCH / (common.clock() - t)
+    return plain_samples_per_s(model, opt, train, steps, BATCH)
 
 
 def sim_run(model: str, data: dict, workers: int, window: int, steps: int, vectorised: bool):

@@ -17,11 +17,10 @@ import gc
 
 import common
 import torch
-import torch.nn.functional as F
 
 import stalegrad as sg
 from stalegrad.models import build_model
-from workloads import PeakRSS, TimedSimulator, image_data
+from workloads import PeakRSS, TimedSimulator, image_data, plain_samples_per_s
 
 BATCH = 128
 LR = 0.05
@@ -37,24 +36,7 @@ def plain_loop(model_name: str, train, samples: int) -> float:
     torch.manual_seed(0)
     model = build_model(model_name, tuple(train.x.shape[1:]), 10)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    gen = torch.Generator().manual_seed(0)
-    x, y = train.x, train.y
-    n = len(y)
-    steps = samples // BATCH
-    perm, pos = torch.randperm(n, generator=gen), 0
-    model.train()
-    t = common.clock()
-    for _ in range(steps):
-        if pos + BATCH > n:
-            perm, pos = torch.randperm(n, generator=gen), 0
-        idx = perm[pos:pos + BATCH]
-        pos += BATCH
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x.index_select(0, idx)), y.index_select(0, idx))
-        loss.backward()
-        opt.step()
-        loss.item()
-    return steps * BATCH / (common.clock() - t)
+    return plain_samples_per_s(model, opt, train, samples // BATCH, BATCH)
 
 
 def sim_run(model_name: str, train, test, workers: int, samples: int) -> dict:

@@ -7,8 +7,8 @@ neighbour process (a Python spin loop: "a machine otherwise nearly idle"
 still has a job on one core). Each configuration runs in a fresh process,
 because libgomp reads OMP_WAIT_POLICY once, when torch loads:
 
-- ``default``: the environment without OMP_WAIT_POLICY, so what ``import
-  stalegrad`` sets (PASSIVE) decides. This is the case that catches the stall
+- ``default``: the environment without OMP_WAIT_POLICY or GOMP_SPINCOUNT, so
+  what ``import stalegrad`` sets (GOMP_SPINCOUNT=10000) decides. This is the case that catches the stall
   coming back: ``active`` must take at least 2x its wall time (with the busy
   neighbour the spinning barrier always stalls; were the default to spin
   again, the two would be equal). The worst interval over the median is
@@ -78,12 +78,12 @@ def child(algo: str, flush: bool, epochs: float) -> dict:
     res = sg.train("mlp", train, test, algo, workers=16, runtime=sim, epochs=epochs, lr=0.1, seed=0,
                    eval_every=epochs / INTERVALS, on_eval=on_eval)
     return {"intervals": rows, "threads": torch.get_num_threads(), "final_test_acc": res.summary["final_test_acc"],
-            "weights_sha256": res.summary["weights_sha256"], "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+            "weights_sha256": res.summary["weights_sha256"], "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or f"spin {os.environ.get('GOMP_SPINCOUNT')}"}
 
 
 def spawn(algo: str, mode: str, epochs: float) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if mode == "active":
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if mode == "active":      # libgomp's own spinning; else the child's `import stalegrad` decides
         env["OMP_WAIT_POLICY"] = "ACTIVE"
     out = subprocess.run([sys.executable, __file__, "--child", algo, str(int(mode == "flush")), str(epochs)],
                          env=env, capture_output=True, text=True, check=True)

@@ -7,7 +7,7 @@
         # weights loaded, every layer's output and output gradient, and the flat gradient
 
 Run with torch's own OMP_WAIT_POLICY (import order: torch loads before stalegrad here on purpose,
-so the library's PASSIVE default does not apply), as the runs of the issue did.
+so the library's short-spin default does not apply), as the runs of the issue did.
 """
 import sys
 import time

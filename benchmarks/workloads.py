@@ -5,8 +5,9 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-import common  # noqa: F401
+import common
 import torch
+import torch.nn.functional as F
 
 from stalegrad.runtimes import Simulator
 
@@ -109,3 +110,24 @@ class PeakRSS:
     @property
     def growth_mb(self) -> float:
         return (self.peak - self.base) / 2**20
+
+
+def plain_samples_per_s(model, opt, train, steps: int, batch: int) -> float:
+    """samples/s of ``steps`` plain PyTorch training steps of ``model`` with ``opt`` (the baseline the
+    simulator is held against): shuffled mini-batches gathered as the workers gather theirs."""
+    gen = torch.Generator().manual_seed(0)
+    x, y, n = train.x, train.y, len(train.y)
+    perm, pos = torch.randperm(n, generator=gen), 0
+    model.train()
+    t = common.clock()
+    for _ in range(steps):
+        if pos + batch > n:
+            perm, pos = torch.randperm(n, generator=gen), 0
+        idx = perm[pos:pos + batch]
+        pos += batch
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x.index_select(0, idx)), y.index_select(0, idx))
+        loss.backward()
+        opt.step()
+        loss.item()
+    return steps * batch / (common.clock() - t)

@@ -175,16 +175,34 @@ def agn(runs) -> tuple[dict, str]:
 
 # ---------------------------------------------------------------- plots
 
-def plot_dcasgd(result: dict, path: str) -> None:
-    """Final test accuracy against M, one line per algorithm (mean and std over seeds), one panel per
-    delay model and learning-rate rule; sequential SGD as a horizontal line."""
+def _panels(n: int, width: float):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, n, figsize=(width * n, 3.8), sharey=True, squeeze=False)
+    return plt, fig, axes[0]
+
+
+def _errorbar(ax, pts, label: str) -> None:
+    """One line of (x, mean, std) points; an undefined std (one seed) draws no bar."""
+    x, y, e = zip(*pts)
+    ax.errorbar(x, y, yerr=[v if math.isfinite(v) else 0 for v in e], marker="o", capsize=3, label=label)
+
+
+def _save(plt, fig, axes, path: str) -> None:
+    axes[0].set_ylabel("final test accuracy")
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+def plot_dcasgd(result: dict, path: str) -> None:
+    """Final test accuracy against M, one line per algorithm (mean and std over seeds), one panel per
+    delay model and learning-rate rule; sequential SGD as a horizontal line."""
     rows = result["rows"]
     panels = sorted({(r["delay"], r["rule"]) for r in rows}, key=lambda k: (k[0], k[1] != "tuned"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=True, squeeze=False)
-    for ax, (delay, rule) in zip(axes[0], panels):
+    plt, fig, axes = _panels(len(panels), 4.2)
+    for ax, (delay, rule) in zip(axes, panels):
         here = sorted((r for r in rows if r["delay"] == delay and r["rule"] == rule), key=lambda r: r["workers"])
         ms = [r["workers"] for r in here]
         for algo in DC_ALGOS:
@@ -194,44 +212,31 @@ def plot_dcasgd(result: dict, path: str) -> None:
             if algo == "sgd":
                 ax.axhline(pts[0][1], color="black", ls="--", lw=1, label="sgd (1 worker)")
                 continue
-            x, y, e = zip(*pts)
-            ax.errorbar(x, y, yerr=[v if math.isfinite(v) else 0 for v in e], marker="o", capsize=3, label=algo)
+            _errorbar(ax, pts, algo)
         ax.set_title(f"delay {delay}, lr: {rule}", fontsize=10)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ms, [str(m) for m in ms])
         ax.set_xlabel("workers M")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final test accuracy")
-    axes[0][0].legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, axes, path)
 
 
 def plot_agn(result: dict, path: str) -> None:
     """Final test accuracy against n, one line per algorithm, one panel per window."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     rows = result["rows"]
     windows = sorted({r["window"] for r in rows})
-    fig, axes = plt.subplots(1, len(windows), figsize=(4.5 * len(windows), 3.8), sharey=True, squeeze=False)
-    for ax, w in zip(axes[0], windows):
+    plt, fig, axes = _panels(len(windows), 4.5)
+    for ax, w in zip(axes, windows):
         here = sorted((r for r in rows if r["window"] == w), key=lambda r: r["workers"])
         for algo in AGN_ALGOS:
             pts = [(r["workers"], *r["final_test_acc"][algo]) for r in here
                    if math.isfinite(r["final_test_acc"][algo][0])]
             if pts:
-                x, y, e = zip(*pts)
-                ax.errorbar(x, y, yerr=[v if math.isfinite(v) else 0 for v in e], marker="o", capsize=3, label=algo)
+                _errorbar(ax, pts, algo)
         ax.set_title(f"window {w}", fontsize=10)
         ax.set_xlabel("workers n")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final test accuracy")
-    axes[0][0].legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, axes, path)
 
 
 def main(argv=None) -> int:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import importlib
 import os
 
-# Idle OpenMP threads sleep instead of spinning. torch's default (libgomp, ACTIVE) spins at every
-# parallel region's barrier; when another process holds one of the cores, the spinning thread waits
-# for its descheduled peer and a step took 20 to 90 times as long here (docs/performance.md, "Stalls
-# in diverging runs"). The arithmetic is the same either way (same weights_sha256). libgomp reads
-# this when torch is first imported, so it acts only if stalegrad is imported before torch; a value
-# the user set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Idle OpenMP threads spin briefly at a barrier, then sleep. torch's default (libgomp) spins for
+# 300,000 iterations; when another process holds one of the cores, the spinning thread waits for its
+# descheduled peer and a step took 20 to 90 times as long (docs/performance.md, "Stalls in diverging
+# runs"). Sleeping at once (OMP_WAIT_POLICY=PASSIVE) cures that but made a lone run 1.7 times slower;
+# 10,000 iterations keep both. The arithmetic is the same either way (same weights_sha256). libgomp
+# reads this when torch is first imported, so it acts only if stalegrad is imported before torch; a
+# wait policy or spin count the user set wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 __version__ = "0.3.0"
 

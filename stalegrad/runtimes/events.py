@@ -64,22 +64,26 @@ class EventLoop:
         load_workers(self.workers, st["workers"])
 
     def run(self) -> None:
-        training, server, algo = self.training, self.server, self.algo
-        probes = training.probes   # a stalegrad.prober.Prober with --probe-every, else None
+        training = self.training
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
-            worker = self.workers[m]
-            lr = training.lr
+            worker, lr = self.workers[m], training.lr
             loss, computed = worker.compute(self.pulled[m], lr)
-            if not algo.pull_before_compute:
-                self.pulled[m] = server.pull(m, out=self.pulled[m])
-            msg = worker.message(self.pulled[m], computed)
-            if probes is not None:
-                probes.observe(m, worker, self.pulled[m], msg, server, lr)
-            server.push(m, msg, lr)
-            training.after_push(worker.samples_per_message, loss, self.now, train_acc=worker.train_acc)
-            self.continue_after_push(m)
+            self.deliver(m, loss, computed, lr, worker.train_acc)
         training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
+
+    def deliver(self, m: int, loss: float, computed, lr: float, train_acc: float) -> None:
+        """Worker m's computed window becomes its message: (elastic rules: pull the centre,) probe, push,
+        account, and start it again."""
+        training, server, worker = self.training, self.server, self.workers[m]
+        if not self.algo.pull_before_compute:
+            self.pulled[m] = server.pull(m, out=self.pulled[m])
+        msg = worker.message(self.pulled[m], computed)
+        if training.probes is not None:   # a stalegrad.prober.Prober with --probe-every
+            training.probes.observe(m, worker, self.pulled[m], msg, server, lr)
+        server.push(m, msg, lr)
+        training.after_push(worker.samples_per_message, loss, self.now, train_acc=train_acc)
+        self.continue_after_push(m)
 
     def continue_after_push(self, m: int) -> None:
         """Worker m starts again, or, in a synchronous round, waits for it to close."""

@@ -245,8 +245,7 @@ class VectorisedLoop(EventLoop):
                              [[(mean[k], var[k]) for mean, var in stats] for stats in steps], accs[k])
 
     def run(self) -> None:
-        training, server, algo = self.training, self.server, self.algo
-        probes = training.probes
+        training = self.training
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
             if m not in self.ready:
@@ -255,13 +254,4 @@ class VectorisedLoop(EventLoop):
             if self.grad.norms:
                 for stats in steps:
                     self.grad.fold_running_stats(stats)
-            worker = self.workers[m]
-            lr = training.lr
-            if not algo.pull_before_compute:
-                self.pulled[m] = server.pull(m, out=self.pulled[m])
-            msg = worker.message(self.pulled[m], computed)
-            if probes is not None:
-                probes.observe(m, worker, self.pulled[m], msg, server, lr)
-            server.push(m, msg, lr)
-            training.after_push(worker.samples_per_message, loss, self.now, train_acc=train_acc)
-            self.continue_after_push(m)
+            self.deliver(m, loss, computed, training.lr, train_acc)
