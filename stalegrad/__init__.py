@@ -23,6 +23,10 @@ import os
 # wait policy or spin count the user set wins.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# MKL's matrix products give the same bits at any thread count in strict CNR mode, which MKL reads from
+# this variable when it starts (stalegrad/numerics.py; the simulator checks it and falls back to one
+# thread where torch had already started MKL). A mode the user set wins.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 __version__ = "0.3.0"
 

@@ -55,6 +55,22 @@ class RunConfig:
             raise ConfigError(unknown[0], f"is not an option of a run; the options are {', '.join(cls.fields())}")
         return cls(**options)
 
+    def merged(self, **options) -> "RunConfig":
+        """This configuration with ``options`` filling the fields it leaves at their defaults; an option
+        that disagrees with a field this configuration sets raises ``ConfigError`` (never silently one
+        or the other)."""
+        RunConfig.from_options(**options)   # unknown names
+        defaults = RunConfig()
+        changes = {}
+        for name, value in options.items():
+            mine = getattr(self, name)
+            if _same(name, mine, getattr(defaults, name)):
+                changes[name] = value
+            elif not _same(name, mine, value):
+                raise ConfigError(name, f"is given twice, as {_show(value)} and as {_show(mine)} in config=; "
+                                        "give it in one place")
+        return dataclasses.replace(self, **changes)
+
     def validate(self) -> "RunConfig":
         """A resolved, checked copy (``algorithm`` an ``Algorithm``, ``workers`` and ``lr`` set)."""
         algo = self.algorithm
@@ -158,6 +174,26 @@ def probe_kind(algorithm: Algorithm) -> str | None:
     if algorithm.vectorisable:
         return "gradient"
     return "commit" if isinstance(algorithm, CommitAlgorithm) else None
+
+
+def _same(name: str, a, b) -> bool:
+    """Whether two values of one option mean the same (an algorithm by name or as an object)."""
+    if name == "algorithm":
+        a, b = (make_algorithm(v) if isinstance(v, str) else v for v in (a, b))
+    elif name == "lr_milestones":
+        a, b = (tuple(v) if isinstance(v, (list, tuple)) else v for v in (a, b))
+    try:
+        return bool(a == b) and type(a) is type(b) or (_number(a) and _number(b) and a == b)
+    except Exception:   # e.g. a tensor given where a number belongs: validate() names the problem
+        return False
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _show(value) -> str:
+    return value.name if isinstance(value, Algorithm) and value == make_algorithm(value.name) else repr(value)
 
 
 def default_lr(algorithm: Algorithm) -> float:

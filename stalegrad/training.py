@@ -7,6 +7,7 @@ each worker pulls, computes and pushes, and how the messages travel.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -293,7 +294,7 @@ def _resolve_model(model, input_shape, num_classes) -> nn.Module:
     raise ConfigError("model", f"must be a torch.nn.Module, a factory, or a model name, not {type(model).__name__}")
 
 
-def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", workers: int | None = None,
+def train(model, train_data, test_data, algorithm: Algorithm | str | None = None, workers: int | None = None,
           runtime=None, *, config: RunConfig | None = None, on_start: Callable | None = None,
           on_eval: Callable[[dict], None] | None = None, progress: bool = False, checkpoint_path=None,
           resume=None, **options) -> TrainResult:
@@ -309,6 +310,9 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
     ``partition``, ``seed``, ``device``, ``on_nonfinite``, ``checkpoint_every``, ``init``),
     given as keywords or as ``config=RunConfig(...)``; ``lr`` defaults to the
     algorithm's (0.1 for server SGD and local SGD, 0.001 for local Adam).
+    ``algorithm`` (default asgd), ``workers`` and the keywords may come with
+    ``config=``: each fills a field that ``config`` leaves at its default, and
+    one that disagrees with a field ``config`` sets raises ``ConfigError``.
     Every mistake raises ``stalegrad.ConfigError`` before anything runs.
 
     ``checkpoint_every=N`` writes the complete state to ``checkpoint_path``
@@ -317,10 +321,11 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
     """
     from .runtimes import make_runtime
 
+    given = {k: v for k, v in dict(algorithm=algorithm, workers=workers).items() if v is not None}
     if config is None:
-        config = RunConfig.from_options(algorithm=algorithm, workers=workers, **options)
-    elif options:
-        raise ConfigError(sorted(options)[0], "is given twice: pass it in config= or as a keyword, not both")
+        config = RunConfig.from_options(**given, **options)
+    else:
+        config = config.merged(**given, **options)
     config = config.validate()
     config.check_data(train_data, test_data)
     if config.checkpoint_every and checkpoint_path is None:
@@ -343,9 +348,15 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
         saved = checkpoint.load(resume)
     bar = make_progress(int(round(config.epochs * len(train_data.y))),
                         f"{config.algorithm.name} x{config.workers}") if progress else None
+    # The simulator's numerics: bits that do not depend on the thread count (stalegrad/numerics.py).
+    pinned = contextlib.ExitStack()
+    if hasattr(runtime, "numerics"):
+        resolved["numerics"] = pinned.enter_context(runtime.numerics())
     try:
         run = TrainingRun(module, train_data, test_data, config, on_eval=on_eval, progress=bar,
                           checkpoint_path=checkpoint_path, resolved=resolved)
+        if "numerics" in resolved:
+            resolved["numerics"]["server_kernels"] = run.server.kernels
         if untouched:
             run.note(f"init {config.init}: left these layers as they were built: {', '.join(untouched)}")
         if saved is not None:   # checked before on_start writes anything
@@ -366,5 +377,6 @@ def train(model, train_data, test_data, algorithm: Algorithm | str = "asgd", wor
             runtime.run(run, seed=config.seed, resume=checkpoint.restore(run, saved))
         return run.finish()
     finally:
+        pinned.close()
         if bar is not None:
             bar.close()

@@ -71,8 +71,8 @@ def test_config_object_and_keywords_are_the_same_run():
     b = sg.train("logreg", TRAIN, TEST, config=RunConfig(algorithm="asgd", workers=2, epochs=0.5, batch_size=8,
                                                          seed=3, lr=0.05))
     assert a.summary["weights_sha256"] == b.summary["weights_sha256"]
-    with pytest.raises(ConfigError, match="epochs is given twice"):
-        sg.train("logreg", TRAIN, TEST, config=RunConfig(), epochs=2)
+    with pytest.raises(ConfigError, match="epochs is given twice, as 2 and as 0.5 in config="):
+        sg.train("logreg", TRAIN, TEST, config=RunConfig(epochs=0.5), epochs=2)
     with pytest.raises(ConfigError, match="epoch is not an option of a run; the options are algorithm, workers"):
         sg.train("logreg", TRAIN, TEST, epoch=2)
 
@@ -149,3 +149,53 @@ def test_init_is_an_option_of_the_run_recorded_and_deterministic():
             return self.head(x + self.table.weight[:1])
     res = sg.train(WithEmbedding(), TRAIN, TEST, "asgd", 2, batch_size=8, epochs=0.25, init="he-normal")
     assert any("init he-normal: left these layers as they were built: table" in n for n in res.summary["notes"])
+
+
+# A value other than RunConfig's default for every option that can come both as a keyword and in config=,
+# and a second value that disagrees with it.
+TWO_WAYS = {
+    "algorithm": (sg.DCASGDAdaptive(lam0=1.0), "agn"), "workers": (2, 3), "epochs": (0.5, 0.25),
+    "batch_size": (8, 16), "lr": (0.05, 0.02), "lr_milestones": ((0.25,), (0.1,)), "lr_gamma": (0.5, 0.2),
+    "eval_every": (0.25, 0.5), "partition": ("iid", "shard"), "seed": (3, 4), "device": ("cuda:0", "cuda:1"),
+    "on_nonfinite": ("stop", "skip"), "checkpoint_every": (5, 6), "init": ("glorot-uniform", "he-normal"),
+    "probe_every": (3, 4),
+}
+
+
+def test_every_option_has_a_second_way_to_come():
+    assert set(TWO_WAYS) == set(RunConfig.fields())
+
+
+@pytest.mark.parametrize("name", sorted(TWO_WAYS))
+def test_an_option_given_beside_config_is_honoured_or_refused(name):
+    """With config= an option in the keywords (or the algorithm and workers arguments) fills a field the
+    config leaves at its default, agrees with one it sets, or is refused: never silently dropped."""
+    value, other = TWO_WAYS[name]
+    merged = RunConfig().merged(**{name: value})
+    assert getattr(merged, name) == value                            # filled
+    assert getattr(RunConfig(**{name: value}).merged(**{name: value}), name) == value   # agrees
+    with pytest.raises(ConfigError, match=f"{name} is given twice"):  # disagrees
+        RunConfig(**{name: value}).merged(**{name: other})
+
+
+def test_train_honours_the_algorithm_and_workers_beside_config():
+    """The outside check's call: an algorithm object and workers=8 beside config= were ignored."""
+    algo = sg.DCASGDAdaptive(lam0=1.0, ms_momentum=0.9)
+    r = sg.train("logreg", TRAIN, TEST, algo, workers=8, config=RunConfig(epochs=0.5, batch_size=4, seed=2))
+    assert r.config["algorithm"] == algo.to_dict() and r.config["workers"] == 8 and r.summary["workers"] == 8
+    same = sg.train("logreg", TRAIN, TEST, config=RunConfig(algorithm=algo, workers=8, epochs=0.5, batch_size=4,
+                                                            seed=2))
+    assert same.summary["weights_sha256"] == r.summary["weights_sha256"]
+    with pytest.raises(ConfigError, match="algorithm is given twice, as 'asgd' and as 'dcasgd-a' in config="):
+        sg.train("logreg", TRAIN, TEST, "asgd", config=RunConfig(algorithm="dcasgd-a"))
+    with pytest.raises(ConfigError, match="workers is given twice, as 8 and as 2 in config="):
+        sg.train("logreg", TRAIN, TEST, workers=8, config=RunConfig(workers=2))
+    with pytest.raises(ConfigError, match="epoch is not an option of a run"):
+        sg.train("logreg", TRAIN, TEST, config=RunConfig(), epoch=2)
+
+
+def test_the_readme_error_example_runs_as_written():
+    train, test = sg.load_pair("digits")
+    with pytest.raises(ConfigError) as e:
+        sg.train("mlp", train, test, lr=-1.0)
+    assert str(e.value) == "lr must be a finite number > 0, got -1.0"

@@ -100,6 +100,9 @@ def run_options(f):
         click.option("--vectorised", is_flag=True,
                      help="--runtime sim: compute the gradients (or, commit rules, the windows) of waiting "
                           "workers as one batched computation (see docs/performance.md)"),
+        click.option("--threads", type=int, default=None,
+                     help="--runtime sim: torch's threads; the bits do not depend on it  [default: $OMP_NUM_THREADS, "
+                          "else measured while running: 1 or every core, whichever is faster]"),
         click.option("--runtime", type=click.Choice(RUNTIMES), default="sim", show_default=True,
                      help="sim: deterministic simulator; local: real worker processes on this machine; "
                           "ray: worker and server actors on a Ray cluster (docs/cluster.md)"),
@@ -223,7 +226,7 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
                      probe_every=p.get("probe_every", 0), extra=extra).validate()
 
 
-SIM_ONLY = (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False))
+SIM_ONLY = (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False), ("threads", None))
 LOCAL_ONLY = ("threads_per_worker", "worker_timeout")
 RAY_ONLY = (("address", None), ("ps_shards", 1), ("cpus_per_worker", 1.0), ("gpus_per_worker", 0.0))
 
@@ -235,6 +238,9 @@ def build_runtime(p: dict):
         raise ConfigError("probe_every", f"applies to runtime sim: only the simulator can recompute a stale gradient "
                                          f"at the server's weights; runtime {runtime} cannot")
     if runtime != "sim":
+        if p.get("threads") is not None:
+            raise ConfigError("threads", "applies to runtime sim; give the workers of runtime local their threads "
+                                         "with --threads-per-worker, those of runtime ray with --cpus-per-worker")
         for name, default in SIM_ONLY:
             if p.get(name, default) != default:
                 raise ConfigError(name, f"applies to runtime sim; runtime {runtime} measures real delays (record "
@@ -261,4 +267,5 @@ def build_runtime(p: dict):
         raise ConfigError("record_trace", "records a real run: use it with runtime local or ray "
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")
     from ..runtimes.sim import Simulator
-    return Simulator(delay=p["delay"], step_time=p["step_time"], vectorised=bool(p.get("vectorised")))
+    return Simulator(delay=p["delay"], step_time=p["step_time"], vectorised=bool(p.get("vectorised")),
+                     threads=p.get("threads"))

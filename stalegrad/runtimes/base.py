@@ -123,3 +123,6 @@ class Runtime(Protocol):
 
     # Optional: ``check(config)`` refuses options that do not fit the run (``ConfigError``),
     # called by ``stalegrad.train`` with the validated ``RunConfig`` before anything runs.
+    # Optional: ``numerics()``, a context manager in which ``stalegrad.train`` builds, evaluates and runs
+    # the whole training; it yields a dict for config.json's ``numerics``. The simulator pins the bits to
+    # be independent of the thread count there (``stalegrad/numerics.py``).

@@ -23,6 +23,7 @@ class EventLoop:
     break by the sequence number, so equal speeds give exact round robin.
     Synchronous algorithms park each finished worker until the round closes.
     """
+    pace = staticmethod(lambda: None)   # called once per message (the simulator's ThreadGovernor.tick)
 
     def __init__(self, training: Training, delay: DelayModel, step_time: float, rng: random.Random):
         self.training, self.delay, self.step_time, self.rng = training, delay, step_time, rng
@@ -70,6 +71,7 @@ class EventLoop:
             worker, lr = self.workers[m], training.lr
             loss, computed = worker.compute(self.pulled[m], lr)
             self.deliver(m, loss, computed, lr, worker.train_acc)
+            self.pace()
         training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
 
     def deliver(self, m: int, loss: float, computed, lr: float, train_acc: float) -> None:
@@ -106,6 +108,7 @@ class Replay:
     recording, so every push sees the recorded tau. Past the end of the
     trace, the order repeats and workers pull right after their own push.
     """
+    pace = EventLoop.pace
 
     def __init__(self, training: Training, trace: Trace, step_time: float):
         self.training, self.trace, self.step_time = training, trace, step_time
@@ -186,6 +189,7 @@ class Replay:
                     self.pull(k)
             if training.checkpoint_due():
                 training.save_checkpoint(self.state_dict())
+            self.pace()
         training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
 
 

@@ -9,6 +9,7 @@ order, initial weights) comes from the seed, so a seed fixes the final
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..delays import DelayModel, Trace, parse_delay
@@ -22,7 +23,9 @@ class Simulator:
     delay: str | DelayModel = "uniform"
     step_time: float = 1.0   # virtual seconds of one local step of a speed-1 worker
     vectorised: bool = False  # batch the gradients of workers whose pushes fall due together
+    threads: int | None = None  # torch's intra-op threads; None: measured (numerics.ThreadGovernor)
     supports_probes = True    # calls training.probes.observe (stalegrad/prober.py) with every message
+    _governor = None          # inside numerics(): the ThreadGovernor
 
     def __post_init__(self):
         check_finite_positive("step_time", self.step_time)
@@ -30,6 +33,22 @@ class Simulator:
             raise ConfigError("delay", f"must be a delay model or its name, not {type(self.delay).__name__}")
         if not isinstance(self.vectorised, bool):
             raise ConfigError("vectorised", f"must be True or False, got {self.vectorised!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                         or not 1 <= self.threads <= 1024):
+            raise ConfigError("threads", f"must be an integer from 1 to 1024 (torch's threads; leave it unset to let "
+                                         f"the simulator measure which count is faster), got {self.threads!r}")
+
+    @contextmanager
+    def numerics(self):
+        """The whole run computes in here: bits independent of the thread count (``stalegrad.numerics``);
+        yields what config.json records of it."""
+        from .. import numerics
+        with numerics.pinned(self.threads) as governor:
+            self._governor = governor
+            try:
+                yield numerics.describe(governor)
+            finally:
+                self._governor = None
 
     def check(self, config) -> None:
         """Refuse a delay model that does not fit the run (before anything runs)."""
@@ -38,7 +57,8 @@ class Simulator:
 
     def describe(self) -> dict:
         spec = self.delay if isinstance(self.delay, str) else self.delay.spec
-        return {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised}
+        return {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised,
+                "threads": self.threads}
 
     def run(self, training: Training, *, seed: int = 0, resume: dict | None = None) -> None:
         """Drive ``training`` to its sample budget; ``resume`` is the state a checkpoint saved."""
@@ -57,8 +77,12 @@ class Simulator:
             loop = Replay(training, delay, self.step_time)
         elif loop is None:
             loop = EventLoop(training, delay, self.step_time, rng)
+        if self._governor is not None:
+            loop.pace = self._governor.tick
         if resume is None:
             loop.begin()
         else:
             loop.load_state_dict(resume)
         loop.run()
+        if self._governor is not None:
+            training.note(threads_used={str(n): k for n, k in sorted(self._governor.messages.items())})

@@ -255,3 +255,4 @@ class VectorisedLoop(EventLoop):
                 for stats in steps:
                     self.grad.fold_running_stats(stats)
             self.deliver(m, loss, computed, training.lr, train_acc)
+            self.pace()

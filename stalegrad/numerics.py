@@ -1,0 +1,167 @@
+"""Bits that do not depend on the thread count, and a thread count that suits the machine's load.
+
+A float32 sum depends on the order of its terms. Three libraries under torch split their sums by
+thread: MKL's matrix products (a thread takes a block of the inner dimension), oneDNN's convolutions
+(a thread takes a part of the batch for the weight gradient), and torch's own parallel reductions.
+With OMP_NUM_THREADS=1 and 2 the same asgd run then ended with different ``weights_sha256``, and, at a
+chaotic learning rate, 0.40 against 0.10 test accuracy. The simulator promises that a seed fixes the
+bits, so while it runs (``pinned``):
+
+- MKL runs in *strict conditional numerical reproducibility* (``MKL_CBWR=AUTO,STRICT``): its matrix
+  products give the same bits whatever the number of threads. ``import stalegrad`` sets the variable
+  (unless the user did); MKL reads it when it starts, and a later ``mkl_cbwr_set`` is refused once MKL
+  has computed anything, so where torch had already used MKL without it, the run falls back to one
+  thread, which gives the same bits (tested);
+- oneDNN is off (``torch.backends.mkldnn``): convolutions use torch's own im2col and MKL's products.
+
+Tested equal at 1 and 2 threads for every model of the zoo, the gradient, commit and vectorised paths
+(tests/test_numerics.py). What still fixes the bits is recorded in config.json (``numerics``): the CPU
+instruction set torch's kernels use (``cpu_capability``: AVX2 and AVX512 kernels round differently),
+MKL's code branch, torch's version and the server's kernel path. ``MKL_CBWR=AVX2,STRICT
+ATEN_CPU_CAPABILITY=avx2`` pins both to AVX2 (docs/performance.md, "Reproducible bits").
+
+The thread count is then free to follow the machine: ``ThreadGovernor`` measures the simulator's speed
+at one thread and at every core, and keeps the faster. On a quiet 2-core machine two threads ran the
+mlp 1.6x faster; with other processes on the cores, one thread ran 4-8x faster than two (a thread
+waits at every barrier for a descheduled peer; docs/performance.md, "Threads under load").
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+STRICT = 0x10000   # MKL_CBWR_STRICT, or-ed into a branch
+BRANCHES = {0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
+            8: "SSE4_2", 9: "AVX", 10: "AVX2", 12: "AVX512", 13: "AVX512_E1", 14: "AVX512_E2"}
+ENV = "MKL_CBWR"
+DEFAULT = "AUTO,STRICT"
+
+
+def _mkl():
+    """MKL's service functions in torch's own library (MKL is linked into it), or None (no MKL)."""
+    try:
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        get, set_ = lib.mkl_serv_cbwr_get, lib.mkl_serv_cbwr_set
+    except (OSError, AttributeError):
+        return None
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
+    set_.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
+    return get, set_
+
+
+def mkl_mode() -> int | None:
+    """MKL's reproducibility mode (a branch, or-ed with STRICT), or None without MKL."""
+    mkl = _mkl()
+    return None if mkl is None else mkl[0](-1)   # -1: MKL_CBWR_ALL
+
+
+def describe_mode(mode: int | None) -> str:
+    if mode is None:
+        return "no MKL"
+    name = BRANCHES.get(mode & ~STRICT, str(mode & ~STRICT))
+    return f"{name},STRICT" if mode & STRICT else name
+
+
+def make_strict() -> bool:
+    """Strict mode on (keeping the branch the user chose), if MKL still allows it; whether it is on."""
+    mkl = _mkl()
+    if mkl is None:
+        return False
+    get, set_ = mkl
+    mode = get(-1)
+    if mode & STRICT:
+        return True
+    branch = mode & ~STRICT
+    return set_((branch if branch >= 2 else 2) | STRICT) == 0 and bool(get(-1) & STRICT)
+
+
+class ThreadGovernor:
+    """torch's intra-op threads for a computation whose bits do not depend on them.
+
+    ``threads`` fixed (an int) stays. ``None`` measures: it runs ``trial_s`` seconds at each candidate
+    count (1, half the cores, all of them: the count torch started with), then holds the fastest (the
+    most messages a second) for ``hold_s`` seconds, and measures again. The load average cannot decide
+    this: it lags by a minute and counts this process's own threads. ``tick()`` once per message."""
+
+    def __init__(self, threads: int | None, trial_s: float = 1.0, hold_s: float = 20.0):
+        self.fixed = threads is not None
+        self.max = threads if threads is not None else torch.get_num_threads()
+        self.candidates = [self.max] if self.fixed else sorted({1, max(1, self.max // 2), self.max})
+        self.trial_s, self.hold_s = trial_s, hold_s
+        self.messages: dict[int, int] = {}        # messages run at each thread count (summary.json)
+        self._rates: dict[int, float] = {}
+        self._queue = list(self.candidates)       # counts still to try in this round
+        self._start(self._queue.pop(0), self.trial_s if len(self.candidates) > 1 else float("inf"))
+
+    def _start(self, n: int, length: float) -> None:
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
+        self.current, self._length = n, length
+        self._t0, self._count = None, 0   # the clock starts at the next message: set-up time is not its
+
+    def tick(self) -> None:
+        """One message done."""
+        self.messages[self.current] = self.messages.get(self.current, 0) + 1
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+            return
+        self._count += 1
+        elapsed = time.perf_counter() - self._t0
+        if elapsed < self._length or self._count < 3:
+            return
+        if self._queue:                                   # trying the candidates
+            self._rates[self.current] = self._count / elapsed
+            self._start(self._queue.pop(0), self.trial_s)
+        elif self._length == self.trial_s:                # the last trial ended: hold the fastest
+            self._rates[self.current] = self._count / elapsed
+            self._start(max(self._rates, key=self._rates.get), self.hold_s)
+        else:                                             # measure again: the load may have changed
+            self._rates.clear()
+            self._queue = [n for n in self.candidates if n != self.current]
+            self._start(self.current, self.trial_s)
+
+
+def fixed_threads() -> int | None:
+    """The thread count the user fixed with OMP_NUM_THREADS (None: not fixed)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+@contextmanager
+def pinned(threads: int | None = None):
+    """Run a block with bits that do not depend on the thread count; yields the ``ThreadGovernor``
+    (``.tick()`` once per message) and restores torch's settings after."""
+    before = torch.get_num_threads()
+    strict = make_strict()
+    if not strict:
+        threads = 1   # MKL had already run without strict mode: one thread gives the same bits
+    governor = ThreadGovernor(threads if threads is not None else fixed_threads())
+    governor.strict = strict
+    mkldnn = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield governor
+    finally:
+        torch.backends.mkldnn.enabled = mkldnn
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def describe(governor: ThreadGovernor | None = None) -> dict:
+    """What, besides the seed and the options, fixes the bits of a simulated run (config.json)."""
+    mode = mkl_mode()
+    out = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "mkl_cbwr": describe_mode(mode), "mkldnn": False,
+           "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}
+    if governor is not None:
+        out["threads"] = governor.max if governor.fixed else "auto"
+        if not governor.strict:
+            out["threads"] = 1
+            out["note"] = ("MKL is not in strict mode (no MKL, or MKL ran before stalegrad could set it: import "
+                           "stalegrad before torch, or set MKL_CBWR=AUTO,STRICT): one thread, the same bits")
+    return out

@@ -1,0 +1,145 @@
+"""Same seed, same bits at any thread count (stalegrad/numerics.py), and the thread governor."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# Trains small runs of several kinds in one process and prints their weights_sha256 and test losses.
+# MODE "strict-off" pretends strict mode is on while leaving MKL as it is (the behaviour before
+# stalegrad/numerics.py): the hashes must then differ between thread counts, or this test could not fail.
+SCRIPT = r"""
+import json, os, sys
+mode = sys.argv[1]
+if mode in ("torch-first", "strict-off"):   # torch starts MKL before stalegrad can make it strict
+    import torch
+    (torch.randn(256, 256) @ torch.randn(256, 256)).sum().item()
+import stalegrad as sg
+import torch
+from stalegrad import numerics
+from stalegrad.data.dataset import Dataset
+if mode == "strict-off":              # and no fallback to one thread: as before numerics.py
+    numerics.make_strict = lambda: True
+g = torch.Generator().manual_seed(0)
+def data(n, shape):
+    x = torch.randn(n, *shape, generator=g)
+    w = torch.randn(x[0].numel(), 10, generator=g)
+    return Dataset("t", x, (x.flatten(1) @ w).argmax(1), 10)
+flat, flat_test = data(2048, (784,)), data(512, (784,))
+img, img_test = data(512, (1, 28, 28)), data(256, (1, 28, 28))
+runs = {
+    "mlp-asgd": ("mlp", flat, flat_test, "asgd", {"lr": 0.3}, {}),
+    "mlp-dcasgd-a-vectorised": ("mlp", flat, flat_test, "dcasgd-a", {"lr": 0.3}, {"vectorised": True}),
+    "mlp-agn": ("mlp", flat, flat_test, "agn", {"lr": 0.01}, {}),
+    "cnn-asgd": ("cnn", img, img_test, "asgd", {"lr": 0.1, "epochs": 0.3}, {}),
+}
+out = {"threads": torch.get_num_threads()}
+for name, (model, tr, te, algo, opts, sim) in runs.items():
+    if os.environ.get("ONLY") and name != os.environ["ONLY"]:
+        continue
+    r = sg.train(model, tr, te, algo, workers=4, runtime=sg.Simulator(**sim), batch_size=128, seed=1,
+                 **{"epochs": 1, **opts})
+    out[name] = [r.summary["weights_sha256"], [m["test_loss"] for m in r.metrics]]
+    out["numerics"] = r.config["numerics"]
+print(json.dumps(out))
+"""
+
+
+def run(threads: int, mode: str = "plain", only: str = "") -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY")}
+    env.update(OMP_NUM_THREADS=str(threads), ONLY=only)
+    p = subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    return run(1)
+
+
+def test_one_and_two_threads_give_the_same_bits(one_thread):
+    two = run(2)
+    assert one_thread["threads"] == 1 and two["threads"] == 2
+    for name in ("mlp-asgd", "mlp-dcasgd-a-vectorised", "mlp-agn", "cnn-asgd"):
+        assert one_thread[name] == two[name], name   # the weights and every evaluation's test loss
+    assert two["numerics"]["mkl_cbwr"].endswith("STRICT") and two["numerics"]["mkldnn"] is False
+    assert two["numerics"]["threads"] == 2 and two["numerics"]["cpu_capability"]
+
+
+def test_without_strict_mode_the_thread_count_changes_the_bits(one_thread):
+    """The check above can fail: with MKL left as it was, 1 and 2 threads part ways."""
+    loose_one, loose_two = run(1, "strict-off", "mlp-asgd"), run(2, "strict-off", "mlp-asgd")
+    assert loose_two["numerics"]["mkl_cbwr"] == "BRANCH_OFF"   # MKL's own default
+    assert loose_one["mlp-asgd"][0] != loose_two["mlp-asgd"][0]
+
+
+def test_torch_started_first_falls_back_to_one_thread_with_the_same_bits(one_thread):
+    late = run(2, "torch-first", "mlp-asgd")
+    assert late["mlp-asgd"] == one_thread["mlp-asgd"]
+    assert late["numerics"]["threads"] == 1 and "one thread" in late["numerics"]["note"]
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_the_governor_keeps_the_faster_thread_count(monkeypatch):
+    import torch
+
+    from stalegrad import numerics
+    clock = FakeClock()
+    monkeypatch.setattr(numerics.time, "perf_counter", clock)
+    threads = {"n": 4}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.update(n=n))
+    seconds_per_message = {1: 0.01, 2: 0.02, 4: 0.05}   # a busy machine: one thread is fastest
+    gov = numerics.ThreadGovernor(None, trial_s=1.0, hold_s=10.0)
+    assert gov.candidates == [1, 2, 4] and gov.current == 1
+    seen = []
+    for _ in range(3000):
+        clock.t += seconds_per_message[gov.current]
+        gov.tick()
+        seen.append(gov.current)
+    assert set(seen) == {1, 2, 4}                   # it tried every count, and measures again later
+    assert seen.count(1) > 0.8 * len(seen)          # and spent its time at the fastest
+    assert sum(gov.messages.values()) == 3000 and gov.current == 1
+    seconds_per_message.update({1: 0.05, 4: 0.01})  # the machine went quiet: all cores win next round
+    for _ in range(3000):
+        clock.t += seconds_per_message[gov.current]
+        gov.tick()
+    assert gov.current == 4
+
+
+def test_a_fixed_thread_count_is_kept(monkeypatch):
+    import torch
+
+    from stalegrad import numerics
+    threads = {"n": 2}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.update(n=n))
+    gov = numerics.ThreadGovernor(3)
+    for _ in range(100):
+        gov.tick()
+    assert threads["n"] == 3 and gov.messages == {3: 100}
+
+
+def test_simulator_threads_are_checked():
+    import stalegrad as sg
+    for bad in (0, -1, 2.5, True, "2"):
+        with pytest.raises(sg.ConfigError, match="threads must be an integer from 1 to 1024"):
+            sg.Simulator(threads=bad)
+
+
+def test_import_sets_strict_mkl_unless_the_user_chose():
+    show = "import stalegrad, os; print(os.environ.get('MKL_CBWR'))"
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    run_ = lambda **e: subprocess.run([sys.executable, "-c", show], env={**env, **e}, capture_output=True,  # noqa: E731
+                                      text=True, check=True).stdout.strip()
+    assert run_() == "AUTO,STRICT"
+    assert run_(MKL_CBWR="AVX2,STRICT") == "AVX2,STRICT"
