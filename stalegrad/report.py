@@ -14,8 +14,8 @@ from pathlib import Path
 from .errors import UsageError
 from .metrics import temporal_efficiency
 from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
-from .report_probes import analyse_probes, plot_probes, render_probes
-from .results import atomic_write, read_run, write_json
+from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
+from .results import DamagedRun, atomic_write, read_run, write_json
 
 # Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
 IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace", "probe_every", "probes")   # probes change nothing
@@ -80,17 +80,36 @@ def flat_config(cfg: dict) -> tuple[dict, set]:
     return out, algo_keys
 
 
-def load_runs(paths) -> list[dict]:
-    runs = []
+def load_runs(paths) -> tuple[list[dict], list[tuple[Path, str]]]:
+    """The usable runs in ``paths``, and (directory, reason) for each damaged one, which is left out."""
+    runs, skipped = [], []
     for d in find_runs(paths):
-        run = read_run(d)
         try:
-            run["flat"], run["algo_keys"] = flat_config(run["config"])
-            run["seed"], run["algo"] = run["flat"]["seed"], run["flat"]["algo"]
-        except (KeyError, AttributeError, TypeError):
-            raise ReportError(f"{d}: config.json is not a stalegrad run configuration (no seed or algorithm)") from None
-        runs.append(run)
-    return runs
+            runs.append(usable_run(d))
+        except DamagedRun as e:
+            skipped.append((e.dir, e.reason))
+    if not runs:
+        first = f"{skipped[0][0]}: {skipped[0][1]}"
+        more = f" (and {len(skipped) - 1} more damaged run{'s' * (len(skipped) > 2)})" if len(skipped) > 1 else ""
+        raise ReportError(f"no usable run to report on: {first}{more}")
+    return runs, skipped
+
+
+def usable_run(d: Path) -> dict:
+    """The run in ``d`` with what the report needs; ``DamagedRun`` if it cannot be reported on."""
+    run = read_run(d)
+    try:
+        run["flat"], run["algo_keys"] = flat_config(run["config"])
+        run["seed"], run["algo"] = run["flat"]["seed"], run["flat"]["algo"]
+    except (KeyError, AttributeError, TypeError):
+        raise DamagedRun(d, "config.json is not a stalegrad run configuration (no seed or algorithm)") from None
+    if not isinstance(run["algo"], str) or not isinstance(run["seed"], int):
+        raise DamagedRun(d, "config.json is not a stalegrad run configuration (the algorithm is not a name, "
+                            "or the seed not an integer)")
+    if not central_curve(run)[0]:
+        raise DamagedRun(d, "metrics.jsonl has no evaluation with a test accuracy and a virtual time")
+    run["probes"] = read_probes(d)
+    return run
 
 
 def group_runs(runs: list[dict]) -> tuple[list[dict], dict, list[str]]:
@@ -152,7 +171,7 @@ def time_to_target(metrics: list[dict], target: float) -> dict | None:
     prev = None
     for m in metrics:
         acc = m.get("test_acc")
-        if not _finite(acc):
+        if not _finite(acc) or not all(_finite(m.get(k)) for k in TIMES):
             continue
         if acc >= target:
             if prev is None:
@@ -258,8 +277,9 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
         raise ReportError(f"--variant {variant!r}: choose one of {', '.join(VARIANTS)}")
     if target is not None and not (_finite(target) and 0 < target <= 1):
         raise ReportError(f"--target must be an accuracy in (0, 1], got {target!r}")
-    runs = load_runs(run_dirs)
+    runs, skipped = load_runs(run_dirs)
     groups, axes, notes = group_runs(runs)
+    notes[:0] = [f"left out {d}: {reason}" for d, reason in skipped]
     algos = list(dict.fromkeys(g["algo"] for g in groups))
     if baseline is not None and baseline not in algos:
         raise ReportError(f"--baseline {baseline!r}: no run of that algorithm; the runs have {', '.join(algos)}")
@@ -334,18 +354,22 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
         "lr_sweep": _lr_sweeps(groups, axes),
         "heatmap_axes": list(heat_axes) if heat_axes else None,
         "notes": notes,
+        "skipped_runs": [{"dir": str(d), "reason": reason} for d, reason in skipped],
     }
     return report, groups, (heat_axes, heat_why)
 
 
-def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None) -> Path:
+def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None,
+                 on_skip=None) -> Path:
     """Write report.md, report.json and the plots for ``run_dirs`` into ``out_dir``; return report.md's path.
 
     ``target``: the test accuracy for the time-to-target table (default 0.9 x the best group's mean best
     accuracy); ``baseline``: the algorithm of the temporal efficiency (default sgd if present, else the
     first in ``ALGORITHMS`` order); ``variant``: ``central`` or ``workers``; ``heatmap``: ``"X,Y"``, the
-    heat map's two axes.
-    Raises ``ReportError`` (a ``UsageError``) for bad input, before anything is written.
+    heat map's two axes; ``on_skip(dir, reason)``: called for each damaged run that is left out (the
+    report's notes and ``skipped_runs`` name them too).
+    Raises ``ReportError`` (a ``UsageError``) for bad input, or when no run is usable, before anything
+    is written.
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -356,6 +380,9 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ReportError(f"--out {out}: cannot create it ({e.strerror})") from None
+    for skip in report["skipped_runs"]:
+        if on_skip is not None:
+            on_skip(skip["dir"], skip["reason"])
     report["plots"], report["skipped_plots"] = make_plots(groups, report, out, heat_axes, heat_why)
     report["probes"] = analyse_probes(groups)   # runs with --probe-every (report_probes.py)
     probe_plots = plot_probes(report["probes"], out)
