@@ -151,6 +151,23 @@ def test_a_missing_data_set_is_refused_before_anything_runs(tmp_path, run):
     assert run(path, "--dry-run")[0] == 0          # a dry run reads no data
 
 
+@pytest.mark.parametrize("entry", ["cells", "runs", "logs", "report", "grid.json"])
+def test_an_entry_of_the_wrong_kind_in_out_is_refused_before_anything_is_created(tmp_path, run, entry):
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0]\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    if entry == "grid.json":
+        (out / entry).mkdir()
+    else:
+        (out / entry).write_text("mine\n")
+    code, _, err = run(path, "--out", out)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("stalegrad: error: ") and f"{out / entry} is not a" in err, err
+    assert sorted(p.name for p in out.iterdir()) == [entry]      # nothing created
+    if entry != "grid.json":
+        assert (out / entry).read_text() == "mine\n"
+
+
 # ---- runs, resume -----------------------------------------------------------------------
 def test_runs_resume_and_new_cells(tmp_path, run):
     out = tmp_path / "out"

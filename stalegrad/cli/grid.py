@@ -61,6 +61,8 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
         raise UsageError("--out DIR is required: the directory of the grid's runs (or --dry-run)")
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir}: exists and is not a directory; choose another path")
+    if out_dir is not None:
+        check_layout(out_dir, report=not no_report)
     actions = plan(g, out_dir, rerun_changed) if out_dir is not None else None
     if dry_run:
         return _list(g, actions)
@@ -151,6 +153,19 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
     except StalegradError as e:
         raise RunError(f"the runs are done, but the report failed: {' '.join(str(e).split())}") from None
     _echo_err(f"grid: report -> {out_dir / 'report'}")
+
+
+def check_layout(out: Path, report: bool = True) -> None:
+    """Refuse a DIR whose entries the grid writes are of the wrong kind (``cells`` a file, ...), before
+    anything is created."""
+    dirs = ("runs", "cells", "logs") + (("report",) if report else ())
+    for name in dirs + ("grid.json", ".grid.lock"):
+        path = out / name
+        wrong = (not path.is_dir()) if name in dirs else path.is_dir()
+        if path.exists() and wrong:
+            kind = "directory" if name in dirs else "file"
+            raise UsageError(f"--out {out}: {path} is not a {kind}, and the grid writes a {kind} there; "
+                             "move it away, or choose another --out")
 
 
 def changed_key(old: dict, new: dict) -> str | None:
