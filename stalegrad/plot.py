@@ -25,6 +25,8 @@ def _label(run: dict) -> str:
 def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "virtual_s", y: str = "test_acc",
               staleness: bool = True, title: str | None = None) -> Path:
     """Plot ``y`` over ``x`` for every run (and their tau histograms) into ``out``."""
+    if str(out) == "":
+        raise PlotError("--out is empty; give an image file name (.png, .pdf, .svg)")
     if x not in X_AXES:
         raise PlotError(f"--x {x!r}: choose one of {', '.join(X_AXES)}")
     if y not in Y_AXES:

@@ -371,6 +371,8 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     Raises ``ReportError`` (a ``UsageError``) for bad input, or when no run is usable, before anything
     is written.
     """
+    if str(out_dir) == "":
+        raise ReportError("--out is empty; give a directory name (. for the current directory)")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory")
