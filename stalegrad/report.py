@@ -271,8 +271,10 @@ def _lr_sweeps(groups: list[dict], axes: dict) -> dict:
     return {"shared_lr": shared_lr, "rows": rows, "why_none": why}
 
 
-def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=None) -> tuple[dict, list, tuple]:
-    """Everything in report.json, the groups (with their runs), and the heat map's axes."""
+def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=None,
+            given_in=None) -> tuple[dict, list, tuple]:
+    """Everything in report.json, the groups (with their runs), and the heat map's axes. ``given_in``:
+    where ``target`` and ``baseline`` came from (default: the options --target and --baseline)."""
     if variant not in VARIANTS:
         raise ReportError(f"--variant {variant!r}: choose one of {', '.join(VARIANTS)}")
     if target is not None and not (_finite(target) and 0 < target <= 1):
@@ -300,7 +302,7 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
         target_rule = (f"{TARGET_FRACTION:g} x {best_group['best_test_acc']['mean']:.4f}, the mean best test accuracy "
                        f"of the best group ({best_group['label']}); set another with --target")
     else:
-        target_rule = "given with --target"
+        target_rule = f"given in {given_in}" if given_in else "given with --target"
 
     used, variant_note = variant, ""
     if variant == "workers" and not all(logs_train_acc(r) for g in groups for r in g["runs"]):
@@ -341,7 +343,10 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
                      "seeds": seeds, "axes": axes, "fixed": fixed},
         "statistics": "mean ± sample standard deviation (n - 1) over seeds, (n) the number of seeds",
         "target": {"test_acc": target, "default": target_default, "rule": target_rule},
-        "baseline": {"algorithm": baseline, "default": base_default},
+        "baseline": {"algorithm": baseline, "default": base_default,
+                     "rule": ("the default: sgd when present, else the first algorithm in the order of "
+                              "`stalegrad algorithms`") if base_default else
+                             f"given in {given_in}" if given_in else "given with --baseline"},
         "variant": {"requested": variant, "used": used, "f": described, "note": variant_note},
         "groups": [{**{k: g[k] for k in ("label", "algo", "final_test_acc", "best_test_acc", "time_to_target",
                                          "temporal_efficiency", "tau_mean", "tau_max", "nonfinite_skipped",
@@ -360,13 +365,14 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
 
 
 def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None,
-                 on_skip=None) -> Path:
+                 on_skip=None, given_in=None) -> Path:
     """Write report.md, report.json and the plots for ``run_dirs`` into ``out_dir``; return report.md's path.
 
     ``target``: the test accuracy for the time-to-target table (default 0.9 x the best group's mean best
     accuracy); ``baseline``: the algorithm of the temporal efficiency (default sgd if present, else the
     first in ``ALGORITHMS`` order); ``variant``: ``central`` or ``workers``; ``heatmap``: ``"X,Y"``, the
-    heat map's two axes; ``on_skip(dir, reason)``: called for each damaged run that is left out (the
+    heat map's two axes; ``given_in``: where ``target`` and ``baseline`` came from, for the report's
+    words (default: the options --target and --baseline); ``on_skip(dir, reason)``: called for each damaged run that is left out (the
     report's notes and ``skipped_runs`` name them too).
     Raises ``ReportError`` (a ``UsageError``) for bad input, or when no run is usable, before anything
     is written.
@@ -377,7 +383,7 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory")
     report, groups, (heat_axes, heat_why) = analyse(run_dirs, target=target, baseline=baseline,
-                                                    variant=variant, heatmap=heatmap)
+                                                    variant=variant, heatmap=heatmap, given_in=given_in)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -359,9 +359,7 @@ def render(rep: dict) -> str:
     out += ["", "## Notes", "",
             f"- Variant: {v['used']} ({v['f']})." + (f" Asked for {v['requested']}: {v['note']}." if v["note"] else ""),
             f"- Target: test accuracy {t['test_acc']:.4f}, {t['rule']}.",
-            f"- Baseline: {base}" + (" (the default: sgd when present, else the first algorithm in the order of "
-                                     "`stalegrad algorithms`)" if rep["baseline"]["default"] else
-                                     " (given with --baseline)") + "."]
+            f"- Baseline: {base} ({rep['baseline']['rule']})."]
     diverged = [d for g in groups for d in g["diverged"]]
     out += [f"- Diverged runs: {len(diverged)} of {c['runs']}" + (": " + ", ".join(diverged) if diverged else "") + "."]
     out += [f"- {n}." for n in rep["notes"]]

@@ -168,6 +168,17 @@ def test_an_entry_of_the_wrong_kind_in_out_is_refused_before_anything_is_created
         assert (out / entry).read_text() == "mine\n"
 
 
+def test_the_report_says_the_target_and_baseline_came_from_the_file(tmp_path, run):
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["sgd", "asgd"]\nworkers = [2]\nseeds = [0]\n'
+                                  '[report]\ntarget = 0.3\nbaseline = "asgd"\n')
+    code, _, err = run(path, "--out", tmp_path / "out")
+    assert code == 0, err
+    md = (tmp_path / "out" / "report" / "report.md").read_text()
+    assert f"Target: test accuracy 0.3000, given in the [report] table of {path}." in md
+    assert f"Baseline: asgd (given in the [report] table of {path})." in md
+    assert "--target" not in md and "--baseline" not in md
+
+
 # ---- runs, resume -----------------------------------------------------------------------
 def test_runs_resume_and_new_cells(tmp_path, run):
     out = tmp_path / "out"

@@ -111,7 +111,8 @@ def test_the_default_target_is_said(made):
 
 def test_temporal_efficiency_against_itself_is_one_and_agrees_with_metrics(made, runs, tmp_path):
     _, rep, md = made
-    assert rep["baseline"] == {"algorithm": "sgd", "default": True}
+    assert rep["baseline"]["algorithm"] == "sgd" and rep["baseline"]["default"]
+    assert "- Baseline: sgd (the default: sgd when present" in md
     sgd = group(rep, "sgd workers=1 lr=0.1")["temporal_efficiency"]
     assert sgd["mean"] == 1.0 and sgd["std"] == 0.0 and sgd["n"] == 3
     assert row(md, "sgd workers=1 lr=0.1", "## Temporal efficiency")[1] == "1.000 ± 0.000 (3)"

@@ -148,7 +148,7 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
         return _echo_err(f"grid: no report: this stalegrad has no report module ({e}); the runs are in "
                          f"{out_dir / 'runs'}")
     try:
-        write_report(run_dirs, out_dir / "report", **g.report,
+        write_report(run_dirs, out_dir / "report", **g.report, given_in=f"the [report] table of {g.path}",
                      on_skip=lambda d, why: _echo_err(f"grid: report: skipped {d}: {why}"))
     except StalegradError as e:
         raise RunError(f"the runs are done, but the report failed: {' '.join(str(e).split())}") from None
