@@ -22,6 +22,7 @@ import click
 
 from ..errors import RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
+from ..progress import count
 
 
 def _echo_err(line: str) -> None:
@@ -81,7 +82,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     try:
         actions = plan(g, out_dir, rerun_changed)     # again, under the lock
         todo = sum(a != "skip" for a in actions.values())
-        _echo_err(f"grid: {len(g.cells)} cells, {len(g.cells) - todo} already done, {todo} to run, {jobs} at once "
+        _echo_err(f"grid: {count(len(g.cells), 'cell')}, {len(g.cells) - todo} already done, {todo} to run, {jobs} at once "
                   f"with {threads} thread{'s' * (threads > 1)} each -> {out_dir}")
         runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress,
                          tensorboard=Path(tensorboard).absolute() if tensorboard is not None else None)
@@ -89,7 +90,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
             records = runner.run()
         except KeyboardInterrupt:
             st = Counter(r["status"] for r in runner.records.values())
-            _echo_err(f"grid: interrupted: {st['done'] + st['skipped']} of {len(g.cells)} cells done, "
+            _echo_err(f"grid: interrupted: {st['done'] + st['skipped']} of {count(len(g.cells), 'cell')} done, "
                       f"{st['failed']} failed; the same command continues the grid")
             raise
     finally:
@@ -98,7 +99,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     if not no_report:
         _report(g, out_dir, [out_dir / r["dir"] for r in records.values() if r["status"] in ("done", "skipped")])
     failed = f"{st['failed']} failed (reasons in {out_dir / 'grid.json'})" if st["failed"] else "none failed"
-    click.echo(f"grid: {len(g.cells)} cells: {st['done'] + st['failed']} run, {st['skipped']} skipped "
+    click.echo(f"grid: {count(len(g.cells), 'cell')}: {st['done'] + st['failed']} run, {st['skipped']} skipped "
                f"(already done), {failed} -> {out_dir}")
 
 
@@ -123,7 +124,7 @@ def eta(seconds: float) -> str:
 
 def _list(g: Grid, actions: dict | None) -> None:
     per_algo = Counter(c.algo for c in g.cells)
-    click.echo(f"{g.path}: {len(g.cells)} cells ({', '.join(f'{a} {n}' for a, n in per_algo.items())}), "
+    click.echo(f"{g.path}: {count(len(g.cells), 'cell')} ({', '.join(f'{a} {n}' for a, n in per_algo.items())}), "
                "every one valid")
     width = max(len(c.name) for c in g.cells)
     shown = {"skip": "done: skipped", "rerun": "to run again", "run": "to run"}
