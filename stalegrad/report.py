@@ -80,19 +80,24 @@ def flat_config(cfg: dict) -> tuple[dict, set]:
     return out, algo_keys
 
 
-def load_runs(paths) -> tuple[list[dict], list[tuple[Path, str]]]:
-    """The usable runs in ``paths``, and (directory, reason) for each damaged one, which is left out."""
-    runs, skipped = [], []
+def load_runs(paths, skipped: list | None = None) -> list[dict]:
+    """The usable runs in ``paths``. A damaged run raises ``DamagedRun``, or, given a list ``skipped``,
+    is left out and appended to it as (directory, reason)."""
+    runs = []
+    lenient = skipped is not None
+    skipped = skipped if lenient else []
     for d in find_runs(paths):
         try:
             runs.append(usable_run(d))
         except DamagedRun as e:
+            if not lenient:
+                raise
             skipped.append((e.dir, e.reason))
     if not runs:
         first = f"{skipped[0][0]}: {skipped[0][1]}"
         more = f" (and {len(skipped) - 1} more damaged run{'s' * (len(skipped) > 2)})" if len(skipped) > 1 else ""
         raise ReportError(f"no usable run to report on: {first}{more}")
-    return runs, skipped
+    return runs
 
 
 def usable_run(d: Path) -> dict:
@@ -279,7 +284,8 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
         raise ReportError(f"--variant {variant!r}: choose one of {', '.join(VARIANTS)}")
     if target is not None and not (_finite(target) and 0 < target <= 1):
         raise ReportError(f"--target must be an accuracy in (0, 1], got {target!r}")
-    runs, skipped = load_runs(run_dirs)
+    skipped: list = []
+    runs = load_runs(run_dirs, skipped)
     groups, axes, notes = group_runs(runs)
     notes[:0] = [f"left out {d}: {reason}" for d, reason in skipped]
     algos = list(dict.fromkeys(g["algo"] for g in groups))
