@@ -27,7 +27,7 @@ data: install
 	  $(BIN)/stalegrad data fetch fashion-mnist; \
 	fi
 
-# The main job: sequential SGD against three asynchronous algorithms, 8 simulated workers.
+# The main job: sequential sgd against the asynchronous asgd, dcasgd-c, dcasgd-a and agn, 8 simulated workers.
 demo: data
 	$(BIN)/stalegrad compare --algos sgd,asgd,dcasgd-c,dcasgd-a,agn --workers 8 --dataset fashion-mnist --model mlp \
 	  --epochs 10 --batch-size 128 --out runs/demo --overwrite

@@ -16,8 +16,15 @@ class Progress(Protocol):
     def close(self) -> None: ...
 
 
+def count(n, noun: str, spec: str = "g") -> str:
+    """``1 epoch``, ``0.5 epochs``, ``3 updates``: ``n`` formatted with ``spec``, and the noun in the
+    plural unless the number reads 1."""
+    text = format(n, spec)
+    return f"{text} {noun}" if text == "1" else f"{text} {noun}s"
+
+
 def _describe(record: dict) -> str:
-    return (f"epoch {record['epoch']:.2f}, {record['updates']} updates: test acc {record['test_acc']:.4f}, "
+    return (f"epoch {record['epoch']:.2f}, {count(record['updates'], 'update')}: test acc {record['test_acc']:.4f}, "
             f"loss {record['test_loss']:.4f}")
 
 

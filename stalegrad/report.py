@@ -14,8 +14,8 @@ from pathlib import Path
 from .errors import UsageError
 from .metrics import temporal_efficiency
 from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
-from .report_probes import analyse_probes, plot_probes, render_probes
-from .results import atomic_write, read_run, write_json
+from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
+from .results import DamagedRun, atomic_write, read_run, write_json
 
 # Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
 IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace", "probe_every", "probes")   # probes change nothing
@@ -80,17 +80,41 @@ def flat_config(cfg: dict) -> tuple[dict, set]:
     return out, algo_keys
 
 
-def load_runs(paths) -> list[dict]:
+def load_runs(paths, skipped: list | None = None) -> list[dict]:
+    """The usable runs in ``paths``. A damaged run raises ``DamagedRun``, or, given a list ``skipped``,
+    is left out and appended to it as (directory, reason)."""
     runs = []
+    lenient = skipped is not None
+    skipped = skipped if lenient else []
     for d in find_runs(paths):
-        run = read_run(d)
         try:
-            run["flat"], run["algo_keys"] = flat_config(run["config"])
-            run["seed"], run["algo"] = run["flat"]["seed"], run["flat"]["algo"]
-        except (KeyError, AttributeError, TypeError):
-            raise ReportError(f"{d}: config.json is not a stalegrad run configuration (no seed or algorithm)") from None
-        runs.append(run)
+            runs.append(usable_run(d))
+        except DamagedRun as e:
+            if not lenient:
+                raise
+            skipped.append((e.dir, e.reason))
+    if not runs:
+        first = f"{skipped[0][0]}: {skipped[0][1]}"
+        more = f" (and {len(skipped) - 1} more damaged run{'s' * (len(skipped) > 2)})" if len(skipped) > 1 else ""
+        raise ReportError(f"no usable run to report on: {first}{more}")
     return runs
+
+
+def usable_run(d: Path) -> dict:
+    """The run in ``d`` with what the report needs; ``DamagedRun`` if it cannot be reported on."""
+    run = read_run(d)
+    try:
+        run["flat"], run["algo_keys"] = flat_config(run["config"])
+        run["seed"], run["algo"] = run["flat"]["seed"], run["flat"]["algo"]
+    except (KeyError, AttributeError, TypeError):
+        raise DamagedRun(d, "config.json is not a stalegrad run configuration (no seed or algorithm)") from None
+    if not isinstance(run["algo"], str) or not isinstance(run["seed"], int):
+        raise DamagedRun(d, "config.json is not a stalegrad run configuration (the algorithm is not a name, "
+                            "or the seed not an integer)")
+    if not central_curve(run)[0]:
+        raise DamagedRun(d, "metrics.jsonl has no evaluation with a test accuracy and a virtual time")
+    run["probes"] = read_probes(d)
+    return run
 
 
 def group_runs(runs: list[dict]) -> tuple[list[dict], dict, list[str]]:
@@ -152,7 +176,7 @@ def time_to_target(metrics: list[dict], target: float) -> dict | None:
     prev = None
     for m in metrics:
         acc = m.get("test_acc")
-        if not _finite(acc):
+        if not _finite(acc) or not all(_finite(m.get(k)) for k in TIMES):
             continue
         if acc >= target:
             if prev is None:
@@ -252,14 +276,18 @@ def _lr_sweeps(groups: list[dict], axes: dict) -> dict:
     return {"shared_lr": shared_lr, "rows": rows, "why_none": why}
 
 
-def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=None) -> tuple[dict, list, tuple]:
-    """Everything in report.json, the groups (with their runs), and the heat map's axes."""
+def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=None,
+            given_in=None) -> tuple[dict, list, tuple]:
+    """Everything in report.json, the groups (with their runs), and the heat map's axes. ``given_in``:
+    where ``target`` and ``baseline`` came from (default: the options --target and --baseline)."""
     if variant not in VARIANTS:
         raise ReportError(f"--variant {variant!r}: choose one of {', '.join(VARIANTS)}")
     if target is not None and not (_finite(target) and 0 < target <= 1):
         raise ReportError(f"--target must be an accuracy in (0, 1], got {target!r}")
-    runs = load_runs(run_dirs)
+    skipped: list = []
+    runs = load_runs(run_dirs, skipped)
     groups, axes, notes = group_runs(runs)
+    notes[:0] = [f"left out {d}: {reason}" for d, reason in skipped]
     algos = list(dict.fromkeys(g["algo"] for g in groups))
     if baseline is not None and baseline not in algos:
         raise ReportError(f"--baseline {baseline!r}: no run of that algorithm; the runs have {', '.join(algos)}")
@@ -280,7 +308,7 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
         target_rule = (f"{TARGET_FRACTION:g} x {best_group['best_test_acc']['mean']:.4f}, the mean best test accuracy "
                        f"of the best group ({best_group['label']}); set another with --target")
     else:
-        target_rule = "given with --target"
+        target_rule = f"given in {given_in}" if given_in else "given with --target"
 
     used, variant_note = variant, ""
     if variant == "workers" and not all(logs_train_acc(r) for g in groups for r in g["runs"]):
@@ -321,7 +349,10 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
                      "seeds": seeds, "axes": axes, "fixed": fixed},
         "statistics": "mean ± sample standard deviation (n - 1) over seeds, (n) the number of seeds",
         "target": {"test_acc": target, "default": target_default, "rule": target_rule},
-        "baseline": {"algorithm": baseline, "default": base_default},
+        "baseline": {"algorithm": baseline, "default": base_default,
+                     "rule": ("the default: sgd when present, else the first algorithm in the order of "
+                              "`stalegrad algorithms`") if base_default else
+                             f"given in {given_in}" if given_in else "given with --baseline"},
         "variant": {"requested": variant, "used": used, "f": described, "note": variant_note},
         "groups": [{**{k: g[k] for k in ("label", "algo", "final_test_acc", "best_test_acc", "time_to_target",
                                          "temporal_efficiency", "tau_mean", "tau_max", "nonfinite_skipped",
@@ -334,28 +365,38 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
         "lr_sweep": _lr_sweeps(groups, axes),
         "heatmap_axes": list(heat_axes) if heat_axes else None,
         "notes": notes,
+        "skipped_runs": [{"dir": str(d), "reason": reason} for d, reason in skipped],
     }
     return report, groups, (heat_axes, heat_why)
 
 
-def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None) -> Path:
+def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None,
+                 on_skip=None, given_in=None) -> Path:
     """Write report.md, report.json and the plots for ``run_dirs`` into ``out_dir``; return report.md's path.
 
     ``target``: the test accuracy for the time-to-target table (default 0.9 x the best group's mean best
     accuracy); ``baseline``: the algorithm of the temporal efficiency (default sgd if present, else the
     first in ``ALGORITHMS`` order); ``variant``: ``central`` or ``workers``; ``heatmap``: ``"X,Y"``, the
-    heat map's two axes.
-    Raises ``ReportError`` (a ``UsageError``) for bad input, before anything is written.
+    heat map's two axes; ``given_in``: where ``target`` and ``baseline`` came from, for the report's
+    words (default: the options --target and --baseline); ``on_skip(dir, reason)``: called for each damaged run that is left out (the
+    report's notes and ``skipped_runs`` name them too).
+    Raises ``ReportError`` (a ``UsageError``) for bad input, or when no run is usable, before anything
+    is written.
     """
+    if str(out_dir) == "":
+        raise ReportError("--out is empty; give a directory name (. for the current directory)")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory")
     report, groups, (heat_axes, heat_why) = analyse(run_dirs, target=target, baseline=baseline,
-                                                    variant=variant, heatmap=heatmap)
+                                                    variant=variant, heatmap=heatmap, given_in=given_in)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ReportError(f"--out {out}: cannot create it ({e.strerror})") from None
+    for skip in report["skipped_runs"]:
+        if on_skip is not None:
+            on_skip(skip["dir"], skip["reason"])
     report["plots"], report["skipped_plots"] = make_plots(groups, report, out, heat_axes, heat_why)
     report["probes"] = analyse_probes(groups)   # runs with --probe-every (report_probes.py)
     probe_plots = plot_probes(report["probes"], out)

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from .errors import UsageError
+from .progress import count
 
 PLOTS = {   # name: (file, caption)
     "accuracy": ("accuracy.png", "Test accuracy against epochs, wall time and virtual time: the mean over seeds, "
@@ -287,10 +288,11 @@ def render(rep: dict) -> str:
     axes, fixed = c["axes"], c["fixed"]
     seen = lambda k: fmt_value(fixed[k]) if k in fixed else f"varies ({', '.join(map(fmt_value, axes.get(k, [])))})"
     per_group = sorted({len(g["runs"]) for g in groups})
+    epochs = count(fixed["epochs"], "epoch") if "epochs" in fixed else f"epochs {seen('epochs')}"
     out = ["# stalegrad report", "",
-           f"**Compared:** {c['runs']} runs in {c['groups']} groups; data set {seen('dataset')}, "
+           f"**Compared:** {count(c['runs'], 'run')} in {count(c['groups'], 'group')}; data set {seen('dataset')}, "
            f"model {seen('model')}, "
-           f"{seen('epochs')} epochs; seeds {', '.join(map(fmt_value, c['seeds']))} "
+           f"{epochs}; seeds {', '.join(map(fmt_value, c['seeds']))} "
            f"({'-'.join(map(str, per_group))} per group).", "",
            "**Settings that vary:** " + ("; ".join(f"{a} ({', '.join(map(fmt_value, v))})" for a, v in axes.items())
                                          or "none") + ".", "",
@@ -359,9 +361,7 @@ def render(rep: dict) -> str:
     out += ["", "## Notes", "",
             f"- Variant: {v['used']} ({v['f']})." + (f" Asked for {v['requested']}: {v['note']}." if v["note"] else ""),
             f"- Target: test accuracy {t['test_acc']:.4f}, {t['rule']}.",
-            f"- Baseline: {base}" + (" (the default: sgd when present, else the first algorithm in the order of "
-                                     "`stalegrad algorithms`)" if rep["baseline"]["default"] else
-                                     " (given with --baseline)") + "."]
+            f"- Baseline: {base} ({rep['baseline']['rule']})."]
     diverged = [d for g in groups for d in g["diverged"]]
     out += [f"- Diverged runs: {len(diverged)} of {c['runs']}" + (": " + ", ".join(diverged) if diverged else "") + "."]
     out += [f"- {n}." for n in rep["notes"]]

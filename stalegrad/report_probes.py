@@ -22,11 +22,44 @@ GUESSES = (("g", "stale g"), ("dc_c", "DC-ASGD-c"), ("dc_a", "DC-ASGD-a"), ("tay
 PROBES_FILE = "probes.jsonl"
 
 
+# What every probe record holds (numbers, or null for a non-finite one), beside its integer tau.
+PROBE_NUMBERS = ("cos_eval", "cos_prev", "update_norm")
+
+
 def read_probes(run_dir) -> list[dict] | None:
-    path = Path(run_dir) / PROBES_FILE
-    if not path.is_file():
+    """The probes of a run, None if it has none; ``DamagedRun`` for a file that is no probes file."""
+    from .results import DamagedRun, is_number
+    d = Path(run_dir)
+    if not (d / PROBES_FILE).exists():
         return None
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = (d / PROBES_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DamagedRun(d, f"cannot read {PROBES_FILE} ({getattr(e, 'strerror', None) or e})") from None
+    probes = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            p = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            raise DamagedRun(d, f"{PROBES_FILE} is corrupt (line {i} is not JSON)") from None
+        if not _is_probe(p, is_number):
+            raise DamagedRun(d, f"{PROBES_FILE} line {i} is not a probe record")
+        probes.append(p)
+    return probes
+
+
+def _is_probe(p, is_number) -> bool:
+    """Whether ``p`` has every key the tables read, as numbers or null (what the prober writes)."""
+    if not isinstance(p, dict) or not isinstance(p.get("tau"), int) or isinstance(p["tau"], bool) or p["tau"] < 0:
+        return False
+    need = list(PROBE_NUMBERS)
+    if "err_g" in p:
+        need += ["drift", *(f"{kind}_{key}" for key, _ in GUESSES if f"err_{key}" in p for kind in ("err", "cos"))]
+    if "corr_h_gg" in p:
+        need.append("lam_fit")
+    return all(k in p and (p[k] is None or is_number(p[k])) for k in need)
 
 
 def tau_bin(tau: int) -> tuple[int, int]:
@@ -85,7 +118,7 @@ def analyse_probes(groups: list[dict]) -> dict:
     """{"compensation": [...], "alignment": [...]} over the groups whose runs wrote probes."""
     compensation, alignment = [], []
     for g in groups:
-        probes = [p for r in g["runs"] for p in (read_probes(r["dir"]) or [])]
+        probes = [p for r in g["runs"] for p in ((r["probes"] if "probes" in r else read_probes(r["dir"])) or [])]
         if not probes:
             continue
         key = g["key"]

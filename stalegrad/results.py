@@ -77,24 +77,94 @@ def write_json(path: Path, obj) -> None:
     atomic_write(path, (json_text(obj, indent=2) + "\n").encode())
 
 
+class DamagedRun(OutputError):
+    """A run directory that is not a finished run, or whose files are damaged: ``dir`` and ``reason``."""
+
+    def __init__(self, run_dir: Path, reason: str):
+        super().__init__(f"{run_dir}: {reason}")
+        self.dir, self.reason = run_dir, reason
+
+
 def read_run(run_dir: str | os.PathLike) -> dict:
-    """A finished run directory as Python objects (config, metrics, summary, staleness, messages)."""
+    """A finished run directory as Python objects (config, metrics, summary, staleness, messages).
+
+    Raises ``DamagedRun`` (one line: the directory and what is wrong) for a missing, unreadable or
+    malformed file; what is read is checked to have the shapes the readers of a run rely on."""
     d = Path(run_dir)
+    run = {
+        "dir": d,
+        "config": _read(d, "config.json"),
+        "metrics": _read(d, "metrics.jsonl", lines=True),
+        "summary": _read(d, "summary.json"),
+        "staleness": _read(d, "staleness.json"),
+        # per message; runs made before 0.3 have none
+        "messages": _read(d, "messages.jsonl", lines=True) if (d / "messages.jsonl").exists() else [],
+    }
+    _check_shapes(run)
+    return run
+
+
+def _read(d: Path, name: str, lines: bool = False):
+    """The JSON (``lines``: JSON lines) of ``d/name``; ``DamagedRun`` saying why it cannot be read."""
     try:
-        return {
-            "dir": d,
-            "config": json.loads((d / "config.json").read_text()),
-            "metrics": [json.loads(ln) for ln in (d / "metrics.jsonl").read_text().splitlines() if ln.strip()],
-            "summary": json.loads((d / "summary.json").read_text()),
-            "staleness": json.loads((d / "staleness.json").read_text()),
-            # per message; runs made before 0.3 have none
-            "messages": ([json.loads(ln) for ln in (d / "messages.jsonl").read_text().splitlines() if ln.strip()]
-                         if (d / "messages.jsonl").exists() else []),
-        }
-    except FileNotFoundError as e:
-        raise OutputError(f"{d}: not a finished stalegrad run (missing {Path(e.filename).name})") from None
+        text = (d / name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DamagedRun(d, f"not a finished stalegrad run (missing {name})") from None
+    except IsADirectoryError:
+        raise DamagedRun(d, f"{name} is a directory, not a file") from None
+    except UnicodeDecodeError as e:
+        raise DamagedRun(d, f"{name} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise DamagedRun(d, f"cannot read {name} ({e.strerror or e})") from None
+    if not lines:
+        return _parse(d, name, text, 0)
+    return [(i, _parse(d, name, ln, i)) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+
+
+def _parse(d: Path, name: str, text: str, line: int):
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise OutputError(f"{d}: corrupt run file ({e.msg} at line {e.lineno})") from None
+        raise DamagedRun(d, f"{name} is corrupt ({e.msg} at line {line or e.lineno})") from None
+    except RecursionError:
+        raise DamagedRun(d, f"{name} is corrupt (nested too deeply at line {line or 1})") from None
+
+
+# The numbers a record may hold (or null, for a non-finite value); any other key is left alone.
+METRIC_NUMBERS = ("epoch", "updates", "samples", "wall_s", "virtual_s", "lr", "train_loss", "train_acc", "test_loss",
+                  "test_acc", "tau_mean", "nonfinite_skipped")
+MESSAGE_NUMBERS = ("samples", "wall_s", "virtual_s", "loss", "train_acc")
+
+
+def is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _check_shapes(run: dict) -> None:
+    """Refuse a run whose files parse but hold something else than a run writes (``DamagedRun``);
+    JSON lines become lists of records."""
+    d = run["dir"]
+    for name in ("config", "summary", "staleness"):
+        if not isinstance(run[name], dict):
+            raise DamagedRun(d, f"{name}.json is {_kind(run[name])}, not a JSON object")
+    hist = run["staleness"].get("histogram")
+    if hist is not None:
+        if not isinstance(hist, dict) or not all(k.lstrip("-").isdigit() and is_number(v) for k, v in hist.items()):
+            raise DamagedRun(d, "staleness.json: histogram is not a table of tau -> count")
+    for name, numbers in (("metrics", METRIC_NUMBERS), ("messages", MESSAGE_NUMBERS)):
+        for i, record in run[name]:
+            if not isinstance(record, dict):
+                raise DamagedRun(d, f"{name}.jsonl line {i} is {_kind(record)}, not a JSON object")
+            bad = next((k for k in numbers if record.get(k) is not None and not is_number(record[k])), None)
+            if bad is not None:
+                raise DamagedRun(d, f"{name}.jsonl line {i}: {bad} is {record[bad]!r:.40}, not a number")
+        run[name] = [record for _, record in run[name]]
+    if not run["metrics"]:
+        raise DamagedRun(d, "metrics.jsonl holds no evaluation (a finished run has at least the first one)")
+
+
+def _kind(v) -> str:
+    return {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(v), "a number")
 
 
 def load_model(run_dir: str | os.PathLike) -> torch.nn.Module:

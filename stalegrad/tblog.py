@@ -30,6 +30,8 @@ def check_logdir(logdir: str | Path) -> None:
     except ImportError:
         raise ConfigError("tensorboard", "needs the tensorboard package: pip install 'stalegrad[tensorboard]'") \
             from None
+    if str(logdir) == "":     # torch would log into its default ./runs/<date>_<host>
+        raise ConfigError("tensorboard", "is empty; give a directory name (. for the current directory)")
     path = Path(logdir).absolute()
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():

@@ -23,7 +23,7 @@ from .algorithms import Algorithm
 from .config import RunConfig, default_lr  # noqa: F401  (default_lr: part of the API)
 from .errors import ConfigError
 from .models.init import initialise
-from .progress import Progress, make_progress
+from .progress import Progress, count, make_progress
 from .runtimes.base import Evaluator
 from .schedules import LRSchedule
 from .server import ParameterServer, StalenessLog
@@ -366,7 +366,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
             done = int(progress.get("sample_budget", progress["samples"]))
             if done > run.sample_budget:
                 raise ConfigError("epochs", f"is {config.epochs:g}, but the run to resume has already trained "
-                                            f"{done / run.num_samples:.4g} epochs; give at least that many "
+                                            f"{count(done / run.num_samples, 'epoch', '.4g')}; give at least that many "
                                             "(more to extend it)")
         if on_start is not None:   # (configuration, metrics so far: those of the checkpoint when resuming)
             on_start(resolved, list(saved["run"]["progress"]["metrics"]) if saved is not None else [])

@@ -151,6 +151,34 @@ def test_a_missing_data_set_is_refused_before_anything_runs(tmp_path, run):
     assert run(path, "--dry-run")[0] == 0          # a dry run reads no data
 
 
+@pytest.mark.parametrize("entry", ["cells", "runs", "logs", "report", "grid.json"])
+def test_an_entry_of_the_wrong_kind_in_out_is_refused_before_anything_is_created(tmp_path, run, entry):
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0]\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    if entry == "grid.json":
+        (out / entry).mkdir()
+    else:
+        (out / entry).write_text("mine\n")
+    code, _, err = run(path, "--out", out)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("stalegrad: error: ") and f"{out / entry} is not a" in err, err
+    assert sorted(p.name for p in out.iterdir()) == [entry]      # nothing created
+    if entry != "grid.json":
+        assert (out / entry).read_text() == "mine\n"
+
+
+def test_the_report_says_the_target_and_baseline_came_from_the_file(tmp_path, run):
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["sgd", "asgd"]\nworkers = [2]\nseeds = [0]\n'
+                                  '[report]\ntarget = 0.3\nbaseline = "asgd"\n')
+    code, _, err = run(path, "--out", tmp_path / "out")
+    assert code == 0, err
+    md = (tmp_path / "out" / "report" / "report.md").read_text()
+    assert f"Target: test accuracy 0.3000, given in the [report] table of {path}." in md
+    assert f"Baseline: asgd (given in the [report] table of {path})." in md
+    assert "--target" not in md and "--baseline" not in md
+
+
 # ---- runs, resume -----------------------------------------------------------------------
 def test_runs_resume_and_new_cells(tmp_path, run):
     out = tmp_path / "out"

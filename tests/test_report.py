@@ -111,7 +111,8 @@ def test_the_default_target_is_said(made):
 
 def test_temporal_efficiency_against_itself_is_one_and_agrees_with_metrics(made, runs, tmp_path):
     _, rep, md = made
-    assert rep["baseline"] == {"algorithm": "sgd", "default": True}
+    assert rep["baseline"]["algorithm"] == "sgd" and rep["baseline"]["default"]
+    assert "- Baseline: sgd (the default: sgd when present" in md
     sgd = group(rep, "sgd workers=1 lr=0.1")["temporal_efficiency"]
     assert sgd["mean"] == 1.0 and sgd["std"] == 0.0 and sgd["n"] == 3
     assert row(md, "sgd workers=1 lr=0.1", "## Temporal efficiency")[1] == "1.000 ± 0.000 (3)"
@@ -275,3 +276,68 @@ def test_the_baseline_shares_the_algorithm_parameters_both_have(tmp_path):
     # areas: 0.5*(0.1+x)*10; agn 4.0 against aeasgd window 10: 3.0, window 40: 5.0
     assert group(rep, "agn window=10")["temporal_efficiency"]["mean"] == pytest.approx(4.0 / 3.0)
     assert group(rep, "agn window=40")["temporal_efficiency"]["mean"] == pytest.approx(4.0 / 5.0)
+
+
+def _damage(src, dst, kind):
+    """A copy of the run ``src`` in ``dst``, damaged in one way."""
+    shutil.copytree(src, dst)
+    if kind == "summary is a list":
+        (dst / "summary.json").write_text("[1, 2]")
+    elif kind == "summary is not UTF-8":
+        (dst / "summary.json").write_bytes(b'\xff\xfe{"final_test_acc": 0.5}')
+    elif kind == "summary is a directory":
+        (dst / "summary.json").unlink()
+        (dst / "summary.json").mkdir()
+    elif kind == "metrics empty":
+        (dst / "metrics.jsonl").write_text("")
+    elif kind == "test_acc not a number":
+        lines = [json.loads(ln) for ln in (dst / "metrics.jsonl").read_text().splitlines()]
+        lines[1]["test_acc"] = "abc"
+        (dst / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    elif kind == "metrics line a list":
+        with open(dst / "metrics.jsonl", "a") as f:
+            f.write("[1, 2]\n")
+    elif kind == "message not a number":
+        lines = (dst / "messages.jsonl").read_text().splitlines()
+        lines[0] = json.dumps({**json.loads(lines[0]), "samples": "many"})
+        (dst / "messages.jsonl").write_text("\n".join(lines) + "\n")
+    elif kind == "probes line a list":
+        (dst / "probes.jsonl").write_text("[1, 2]\n")
+
+
+DAMAGE = {"summary is a list": "summary.json is a list, not a JSON object",
+          "summary is not UTF-8": "summary.json is not UTF-8 text",
+          "summary is a directory": "summary.json is a directory, not a file",
+          "metrics empty": "metrics.jsonl holds no evaluation",
+          "test_acc not a number": "metrics.jsonl line 2: test_acc is 'abc', not a number",
+          "metrics line a list": "metrics.jsonl line 6 is a list, not a JSON object",
+          "message not a number": "messages.jsonl line 1: samples is 'many', not a number",
+          "probes line a list": "probes.jsonl line 1 is not a probe record"}
+
+
+def test_damaged_runs_are_skipped_with_one_line_each_and_the_rest_reported(runs, tmp_path):
+    base = tmp_path / "in"
+    shutil.copytree(runs / "w4", base / "good")
+    for i, kind in enumerate(DAMAGE):
+        _damage(runs / "cmp0" / "asgd", base / "bad" / f"d{i}", kind)
+    res = CliRunner().invoke(report, [str(base), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    warnings = res.stderr.strip().splitlines()
+    assert len(warnings) == len(DAMAGE), res.stderr
+    for i, reason in enumerate(DAMAGE.values()):
+        line = next(ln for ln in warnings if f"skipped {base / 'bad' / f'd{i}'}:" in ln)
+        assert line.startswith("stalegrad: warning: ") and reason in line, line
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["compared"]["runs"] == 3 and [g["seeds"] for g in rep["groups"]] == [[0, 1, 2]]
+    assert {s["dir"] for s in rep["skipped_runs"]} == {str(base / "bad" / f"d{i}") for i in range(len(DAMAGE))}
+    assert f"left out {base / 'bad' / 'd0'}: summary.json is a list" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_no_usable_run_is_one_line_exit_2_and_nothing_written(runs, tmp_path):
+    for i, kind in enumerate(DAMAGE):
+        _damage(runs / "cmp0" / "asgd", tmp_path / "bad" / f"d{i}", kind)
+    res = CliRunner().invoke(report, [str(tmp_path / "bad"), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert "no usable run to report on" in res.output and f"and {len(DAMAGE) - 1} more damaged runs" in res.output
+    assert not (tmp_path / "out").exists()

@@ -25,8 +25,37 @@ def cli():
     """Asynchronous data-parallel training with staleness-aware optimizers (DC-ASGD, AGN, and baselines)."""
 
 
+class NonEmptyPath(click.Path):
+    """A ``click.Path`` that refuses the empty string, which would otherwise mean the current directory
+    (``--out ""``) or a default of some library (``--tensorboard ""``: torch's ``./runs/...``)."""
+
+    @classmethod
+    def like(cls, path_type: click.Path) -> "NonEmptyPath":
+        new = cls.__new__(cls)
+        new.__dict__.update(vars(path_type))   # the same checks (file_okay, dir_okay, ...) as declared
+        return new
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value == "":
+            what = "directory" if not self.file_okay else "file" if not self.dir_okay else "path"
+            here = " (. for the current directory)" if what == "directory" else ""
+            self.fail(f"is empty; give a {what} name{here}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def refuse_empty_paths(command: click.Command) -> None:
+    """Every path option and argument of ``command`` and its subcommands refuses "" (on the command
+    line and in a --config file alike: both convert through the option's type)."""
+    for param in command.params:
+        if isinstance(param.type, click.Path) and not isinstance(param.type, NonEmptyPath):
+            param.type = NonEmptyPath.like(param.type)
+    for sub in getattr(command, "commands", {}).values():
+        refuse_empty_paths(sub)
+
+
 for command in (train, compare, grid, report, plot, algorithms, data):
     cli.add_command(command)
+refuse_empty_paths(cli)
 
 
 def _one_line(text: str) -> str:

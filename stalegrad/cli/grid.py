@@ -22,6 +22,7 @@ import click
 
 from ..errors import RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
+from ..progress import count
 
 
 def _echo_err(line: str) -> None:
@@ -61,6 +62,8 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
         raise UsageError("--out DIR is required: the directory of the grid's runs (or --dry-run)")
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir}: exists and is not a directory; choose another path")
+    if out_dir is not None:
+        check_layout(out_dir, report=not no_report)
     actions = plan(g, out_dir, rerun_changed) if out_dir is not None else None
     if dry_run:
         return _list(g, actions)
@@ -79,7 +82,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     try:
         actions = plan(g, out_dir, rerun_changed)     # again, under the lock
         todo = sum(a != "skip" for a in actions.values())
-        _echo_err(f"grid: {len(g.cells)} cells, {len(g.cells) - todo} already done, {todo} to run, {jobs} at once "
+        _echo_err(f"grid: {count(len(g.cells), 'cell')}, {len(g.cells) - todo} already done, {todo} to run, {jobs} at once "
                   f"with {threads} thread{'s' * (threads > 1)} each -> {out_dir}")
         runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress,
                          tensorboard=Path(tensorboard).absolute() if tensorboard is not None else None)
@@ -87,7 +90,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
             records = runner.run()
         except KeyboardInterrupt:
             st = Counter(r["status"] for r in runner.records.values())
-            _echo_err(f"grid: interrupted: {st['done'] + st['skipped']} of {len(g.cells)} cells done, "
+            _echo_err(f"grid: interrupted: {st['done'] + st['skipped']} of {count(len(g.cells), 'cell')} done, "
                       f"{st['failed']} failed; the same command continues the grid")
             raise
     finally:
@@ -96,7 +99,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     if not no_report:
         _report(g, out_dir, [out_dir / r["dir"] for r in records.values() if r["status"] in ("done", "skipped")])
     failed = f"{st['failed']} failed (reasons in {out_dir / 'grid.json'})" if st["failed"] else "none failed"
-    click.echo(f"grid: {len(g.cells)} cells: {st['done'] + st['failed']} run, {st['skipped']} skipped "
+    click.echo(f"grid: {count(len(g.cells), 'cell')}: {st['done'] + st['failed']} run, {st['skipped']} skipped "
                f"(already done), {failed} -> {out_dir}")
 
 
@@ -121,7 +124,7 @@ def eta(seconds: float) -> str:
 
 def _list(g: Grid, actions: dict | None) -> None:
     per_algo = Counter(c.algo for c in g.cells)
-    click.echo(f"{g.path}: {len(g.cells)} cells ({', '.join(f'{a} {n}' for a, n in per_algo.items())}), "
+    click.echo(f"{g.path}: {count(len(g.cells), 'cell')} ({', '.join(f'{a} {n}' for a, n in per_algo.items())}), "
                "every one valid")
     width = max(len(c.name) for c in g.cells)
     shown = {"skip": "done: skipped", "rerun": "to run again", "run": "to run"}
@@ -146,10 +149,24 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
         return _echo_err(f"grid: no report: this stalegrad has no report module ({e}); the runs are in "
                          f"{out_dir / 'runs'}")
     try:
-        write_report(run_dirs, out_dir / "report", **g.report)
+        write_report(run_dirs, out_dir / "report", **g.report, given_in=f"the [report] table of {g.path}",
+                     on_skip=lambda d, why: _echo_err(f"grid: report: skipped {d}: {why}"))
     except StalegradError as e:
         raise RunError(f"the runs are done, but the report failed: {' '.join(str(e).split())}") from None
     _echo_err(f"grid: report -> {out_dir / 'report'}")
+
+
+def check_layout(out: Path, report: bool = True) -> None:
+    """Refuse a DIR whose entries the grid writes are of the wrong kind (``cells`` a file, ...), before
+    anything is created."""
+    dirs = ("runs", "cells", "logs") + (("report",) if report else ())
+    for name in dirs + ("grid.json", ".grid.lock"):
+        path = out / name
+        wrong = (not path.is_dir()) if name in dirs else path.is_dir()
+        if path.exists() and wrong:
+            kind = "directory" if name in dirs else "file"
+            raise UsageError(f"--out {out}: {path} is not a {kind}, and the grid writes a {kind} there; "
+                             "move it away, or choose another --out")
 
 
 def changed_key(old: dict, new: dict) -> str | None:

@@ -32,11 +32,16 @@ def report(dirs, out, target, baseline, variant, heatmap):
     """Which algorithm, under which staleness, reaches which accuracy, how fast: tables and plots over seeds.
 
     Each DIR is a run directory or holds run directories at any depth. Runs that differ only by
-    their seed form one group; every cell is mean ± std over seeds (number of seeds).
+    their seed form one group; every cell is mean ± std over seeds (number of seeds). A damaged run
+    is left out with one line on stderr saying why; with no usable run left, nothing is written.
     """
     from ..report import write_report
+
+    def skipped(run_dir, reason):
+        click.echo(f"stalegrad: warning: skipped {run_dir}: {reason}", err=True)
     try:
-        path = write_report(list(dirs), out, target=target, baseline=baseline, variant=variant, heatmap=heatmap)
+        path = write_report(list(dirs), out, target=target, baseline=baseline, variant=variant, heatmap=heatmap,
+                            on_skip=skipped)
     except StalegradError as e:
         raise _Failed(e) from None
     click.echo(f"wrote {path}")

@@ -210,7 +210,8 @@ def compare(ctx, algos, out, **params):
 
 
 def _table(rows: list[dict], params: dict, base: str) -> str:
-    head = (f"{params['dataset']} / {params['model']}, {params['epochs']:g} epochs, batch {params['batch_size']}, "
+    from ..progress import count
+    head = (f"{params['dataset']} / {params['model']}, {count(params['epochs'], 'epoch')}, batch {params['batch_size']}, "
             f"delay {params['delay']}, seed {params['seed']}")
     cols = ["algorithm", "M", "test acc", "best acc", "test loss", "tau mean", "tau max", "updates",
             "virtual s", "wall s", f"TE vs {base}"]
