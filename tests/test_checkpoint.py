@@ -85,7 +85,7 @@ def test_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
         f.write(b"partial")
         raise OSError("disk full")
     monkeypatch.setattr(ck.torch, "save", failing_save)
-    with pytest.raises(sg.RunError, match="c.pt: cannot write the checkpoint .*the run stopped"):
+    with pytest.raises(sg.RunError, match="c.pt: cannot write it .*the run stopped"):
         train("asgd", "uniform", path)
     assert path.read_bytes() == before                    # the old checkpoint is intact
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]   # no temporary file left

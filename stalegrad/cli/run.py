@@ -1,6 +1,7 @@
 """``stalegrad train`` and ``stalegrad compare``: runs into run directories."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -29,9 +30,10 @@ def check_options(algo_name: str, params: dict):
 
 
 def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool, resume: bool = False,
-              tensorboard: str | Path | None = None):
+              tensorboard: str | Path | None = None, writer=None):
     """One run into ``out`` (or its continuation from ``out``'s checkpoint), and TensorBoard logs into
-    ``tensorboard``; returns the TrainResult.
+    ``tensorboard``; returns the TrainResult. ``writer``: the run directory, already opened (locked)
+    by the caller; else it is opened here.
 
     Everything is checked (options, runtime, model against the data) before the run directory is touched.
     """
@@ -50,7 +52,10 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
     checkpoint_path = out / CHECKPOINT_FILE
     model_spec = {"name": params["model"], "input_shape": list(shape), "num_classes": classes,
                   "hidden": list(params["hidden"]) if params["hidden"] else None}
-    with RunWriter(out, overwrite=params["overwrite"], resume=resume) as writer:   # locked for the run
+    opened = writer is not None
+    if not opened:
+        writer = RunWriter(out, overwrite=params["overwrite"], resume=resume)
+    with contextlib.nullcontext(writer) if opened else writer:   # locked for the run
         on_eval, board = writer.metric, None
         if tensorboard is not None:
             from ..tblog import TensorBoardLog
@@ -91,15 +96,19 @@ def summary_line(name: str, res, out: Path) -> str:
 @click.command()
 @click.option("--algo", type=click.Choice(list(ALGORITHMS)), default="asgd", show_default=True)
 @run_options
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="run directory for the results  [required]")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="run directory for the results (required, unless --resume gives it)")
 @click.option("--resume", type=click.Path(file_okay=False), default=None,
               help="continue the run in DIR from its last checkpoint; DIR/config.json gives every other option "
                    "(only --epochs, to extend it, --data-dir, --quiet and --tensorboard may be given)")
 @click.pass_context
 def train(ctx, algo, out, resume, **params):
-    """Train one model with one algorithm and write the run to --out."""
+    """Train one model with one algorithm and write the run to --out (or continue one with --resume)."""
+    from ..rundir import RunWriter   # (no torch: the refusals below come before it is imported)
+
     params["algo"] = algo
     if resume is not None:
+        writer = RunWriter(resume, resume=True)   # the output checks of a new run, before config.json is read
         params = resume_params(ctx, Path(resume), params)
         out = resume
     else:
@@ -107,12 +116,17 @@ def train(ctx, algo, out, resume, **params):
         out = params.pop("out", None) or out     # an `out` key of the TOML file (the flag wins)
         if out is None:
             raise UsageError("--out DIR is required: the directory for the run's results (or --resume DIR)")
+        writer = None
     out = Path(out)
     algo = params.pop("algo")
     check_options(algo, params)   # a bad option fails fast, before the data set is read
-    train_set, test_set = load_data(params)
-    res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"], resume=resume is not None,
-                    tensorboard=params.get("tensorboard"))
+    if writer is None:
+        writer = RunWriter(out, overwrite=params["overwrite"])   # a run already there is refused here
+    # Locked before torch is imported and the data read: a second run on DIR is refused at once.
+    with writer:
+        train_set, test_set = load_data(params)
+        res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"],
+                        resume=resume is not None, tensorboard=params.get("tensorboard"), writer=writer)
     click.echo(summary_line(algo, res, out))
 
 
@@ -134,6 +148,12 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
         runtime = dict(cfg["runtime"])
     except FileNotFoundError:
         raise UsageError(f"--resume {run_dir}: not a stalegrad run directory (no config.json)") from None
+    except OSError as e:   # a directory in its place, no permission to read it
+        raise UsageError(f"--resume {run_dir}: cannot read config.json ({e.strerror or e}); make it the "
+                         "readable file the run wrote, or start afresh with --out") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--resume {run_dir}: config.json is damaged (not UTF-8 text); restore the file the "
+                         "run wrote, or start afresh with --out") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise UsageError(f"--resume {run_dir}: config.json is damaged ({e})") from None
     resumed = dict(params)
