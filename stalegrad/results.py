@@ -114,7 +114,7 @@ def write_failure(path: str | os.PathLike, error: OSError, run_dir: str | os.Pat
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return (f"{path}: cannot write it ({why}); the run stopped, and every file of it is as it was before "
                 f"this write (no summary.json: the run is unfinished); free space on that disk, then resume it "
-                f"with --resume {run_dir} (if it writes checkpoints) or run it again")
+                f"with --resume {run_dir} (if it writes checkpoints) or run it again with --overwrite")
     return f"{path}: cannot write it ({why}); the run stopped"
 
 

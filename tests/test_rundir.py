@@ -354,6 +354,21 @@ def test_a_read_only_run_directory_is_refused_before_the_data_is_read(small_disk
     assert "read-only file system" in err and "make it writable" in err
 
 
+def test_a_run_directory_this_user_cannot_write_is_refused_before_the_data_is_read(checkpointed, tmp_path, capsys,
+                                                                                   monkeypatch):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a directory of mode 555")
+    out = copy_of(checkpointed, tmp_path)
+    out.chmod(0o555)
+    try:
+        import stalegrad.cli.run as run_cli
+        monkeypatch.setattr(run_cli, "load_data", lambda params: pytest.fail("the data was read first"))
+        code, _, err = cli(capsys, "train", "--resume", out)
+        assert code == 2 and "not writable by this user" in err and "Traceback" not in err, err
+    finally:
+        out.chmod(0o755)
+
+
 def test_a_metrics_line_on_a_full_disk_is_whole_or_absent(small_disk):
     writer = RunWriter(small_disk / "R").open()
     try:
