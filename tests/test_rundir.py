@@ -458,5 +458,5 @@ def test_an_out_that_holds_a_run_and_a_locked_one_are_refused_before_torch(finis
 def test_train_help_says_out_is_not_needed_with_resume(capsys):
     code, out, _ = cli(capsys, "train", "--help")
     assert code == 0
-    help_of_out = " ".join(out.split("--out DIRECTORY", 1)[1].split("--resume", 1)[0].split())
+    help_of_out = " ".join(out.split("--out DIRECTORY", 1)[1].split("--resume DIRECTORY", 1)[0].split())
     assert "[required]" not in help_of_out and "unless --resume" in help_of_out

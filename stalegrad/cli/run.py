@@ -108,6 +108,7 @@ def train(ctx, algo, out, resume, **params):
 
     params["algo"] = algo
     if resume is not None:
+        refuse_resume_options(ctx, Path(resume))
         writer = RunWriter(resume, resume=True)   # the output checks of a new run, before config.json is read
         params = resume_params(ctx, Path(resume), params)
         out = resume
@@ -133,8 +134,8 @@ def train(ctx, algo, out, resume, **params):
 _RESUME_MAY_CHANGE = {"epochs", "data_dir", "quiet", "resume", "algo", "tensorboard"}
 
 
-def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
-    """The options of the run in ``run_dir``, from its config.json."""
+def refuse_resume_options(ctx: click.Context, run_dir: Path) -> None:
+    """An option that --resume takes from config.json, given on the command line, is an error."""
     given = [p for p in ctx.command.params if ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE
              and p.name not in _RESUME_MAY_CHANGE]
     if given:
@@ -142,6 +143,11 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
                          "(only --epochs, --data-dir, --quiet and --tensorboard may be given)")
     if ctx.get_parameter_source("algo") == ParameterSource.COMMANDLINE:
         raise UsageError(f"--resume takes its options from {run_dir}/config.json; drop --algo")
+
+
+def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
+    """The options of the run in ``run_dir``, from its config.json."""
+    refuse_resume_options(ctx, run_dir)
     try:
         cfg = json.loads((run_dir / "config.json").read_text())
         algorithm = dict(cfg["algorithm"])
