@@ -323,7 +323,7 @@ class GridRun:
             sig = signal.Signals(-code).name if -code in set(signal.Signals) else f"signal {-code}"
             reason = f"killed by {sig}" + (f" ({reason})" if reason else "")
         elif code == 0:
-            reason = "exited 0 but did not finish its run directory (no summary.json or model.pt)"
+            reason = "exited 0 but wrote no summary.json"
         rec.update(status="failed", reason=reason or f"exit code {code}")
 
     def _stop(self, running: dict) -> None:   # Ctrl-C: interrupt every child (it cleans up), kill what is left
