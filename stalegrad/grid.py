@@ -27,7 +27,8 @@ Names: the algorithm and a part for every axis that applies to the cell, joined 
 
 DIR holds ``runs/<cell>/``, ``cells/<cell>.toml`` (its --config), ``logs/<cell>.log`` (its stderr) and
 ``grid.json`` (every cell's options, ``status``, ``exit_code``, ``run_s``, ``reason``), rewritten atomically
-after every cell. A rerun skips the cells whose run holds summary.json (``cli/grid.py``: ``plan``).
+after every cell. A rerun skips the cells whose run is finished: it holds summary.json, which a run writes
+last, and model.pt (``results.is_finished``; ``cli/grid.py``: ``plan``).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UsageError
+from .results import is_finished
 
 ALIASES = {"algos": "algo", "seeds": "seed"}
 REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "rerun the grid to resume it",
@@ -313,7 +315,7 @@ class GridRun:
         rec, code = self.records[cell.name], proc.returncode
         rec.update(exit_code=code, run_s=round(time.monotonic() - t0, 2), reason=None)
         self.times.append(rec["run_s"])
-        if code == 0 and (self.out / rec["dir"] / "summary.json").is_file():
+        if code == 0 and is_finished(self.out / rec["dir"]):
             rec["status"] = "done"
             return self._result(rec)
         reason = last_line(self.out / "logs" / f"{cell.name}.log")

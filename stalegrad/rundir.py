@@ -12,17 +12,23 @@
 The guarantees, in the order a run meets them:
 
 1. ``RunWriter(...)`` only checks (the path, an existing run, ``--overwrite``,
-   ``--resume``); the caller validates every other input before ``open()``.
+   ``--resume``, that the directory can be written); the caller validates
+   every other input before ``open()``.
 2. ``open()`` creates the directory and takes an exclusive ``flock`` on
    ``DIR/.lock`` for the life of the run: a second run on the same directory
    fails at once, naming the PID that holds it. The kernel drops the lock when
    its process dies, so a crashed run never blocks the next one. Temporary
    files of a write that a crash interrupted are removed here.
 3. The previous run's files (``--overwrite``) stay until ``start()``, when
-   the new run has really started and writes its first file.
-4. Every file but metrics.jsonl is written whole and renamed into place;
-   every JSON file is strict JSON.
-5. ``close()`` releases the lock; a run that failed before ``start()`` leaves
+   the new run has really started and writes its first file. A resumed run's
+   ``start()`` first removes summary.json: the run is unfinished again.
+4. Every file but metrics.jsonl is written whole and renamed into place; a
+   metrics line is appended whole or not at all (a failed append is cut back);
+   every JSON file is strict JSON. A failed write (a full disk) ends the run
+   with one line, and the file keeps its previous content.
+5. summary.json is written last: a directory that holds it holds a finished
+   run (``results.is_finished``), whatever interrupted the final writes.
+6. ``close()`` releases the lock; a run that failed before ``start()`` leaves
    no directory it created behind.
 """
 from __future__ import annotations
@@ -35,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import RunError
-from .results import OutputError, atomic_open, atomic_write, json_text, write_json
+from .results import OutputError, append_line, atomic_torch_save, atomic_write, json_text, write_failure, write_json
 
 RUN_FILES = ("config.json", "metrics.jsonl", "messages.jsonl", "staleness.json", "summary.json", "model.pt",
              "checkpoint.pt", "probes.jsonl")
@@ -48,12 +54,12 @@ class RunWriter:
     def __init__(self, out: str | os.PathLike, overwrite: bool = False, resume: bool = False):
         self.dir = Path(out)
         self.overwrite, self.resume = overwrite, resume
+        self.flag = "--resume" if resume else "--out"
         self.created = False
         self.started = False
         self._lock_fd: int | None = None
         if resume:   # continue the run already there; start() rewrites its metrics
-            if not (self.dir / "config.json").is_file():
-                raise OutputError(f"--resume {self.dir}: not a stalegrad run directory (no config.json)")
+            self._check_resumable()
             return
         if self.dir.exists() and not self.dir.is_dir():
             raise OutputError(f"--out {self.dir}: exists and is not a directory; choose another path")
@@ -61,6 +67,25 @@ class RunWriter:
         parent = next((p for p in [self.dir, *self.dir.parents] if p.exists()), None)
         if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
             raise OutputError(f"--out {self.dir}: {parent} is not writable; choose another directory")
+
+    def _check_resumable(self) -> None:
+        """What a new run's checks find, for a run to continue: a directory holding a run, which
+        this process can write (it rewrites config.json and metrics.jsonl, and adds files)."""
+        where = f"--resume {self.dir}"
+        if not self.dir.is_dir():
+            why = "no such directory" if not self.dir.exists() else "not a directory"
+            raise OutputError(f"{where}: {why}; give the directory of a run made with --checkpoint-every")
+        config = self.dir / "config.json"
+        if not config.exists():
+            raise OutputError(f"{where}: not a stalegrad run directory (no config.json)")
+        for name in RUN_FILES:
+            path = self.dir / name
+            if (path.exists() or path.is_symlink()) and not path.is_file():
+                raise OutputError(f"{where}: {name} is not a regular file; it is not a run this can resume")
+        if not os.access(self.dir, os.W_OK | os.X_OK):
+            why = "on a read-only file system" if _read_only_fs(self.dir) else "not writable by this user"
+            raise OutputError(f"{where}: the directory is {why}, and a resumed run writes into it; make it "
+                              "writable, or copy the run to a writable place and resume the copy")
 
     def _refuse_existing_run(self) -> None:
         existing = [f for f in RUN_FILES if (self.dir / f).exists()]
@@ -77,15 +102,15 @@ class RunWriter:
             fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             self._remove_if_created()
-            raise OutputError(f"--out {self.dir}: cannot create the run directory ({e.strerror})") from None
+            raise OutputError(f"{self.flag} {self.dir}: cannot create the run directory ({e.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise OutputError(f"--out {self.dir}: cannot lock the run directory ({e.strerror})") from None
-            raise OutputError(f"--out {self.dir}: another run (PID {holder}) is using this directory; "
+                raise OutputError(f"{self.flag} {self.dir}: cannot lock the run directory ({e.strerror})") from None
+            raise OutputError(f"{self.flag} {self.dir}: another run (PID {holder}) is using this directory; "
                               "wait for it to end, or choose another directory") from None
         self._lock_fd = fd
         os.ftruncate(fd, 0)
@@ -102,23 +127,22 @@ class RunWriter:
     def start(self, config: dict, metrics: list[dict] = ()) -> None:
         """The run has started: replace the previous run (``--overwrite``), write the configuration
         and the metrics so far (a resumed run's)."""
+        self.started = True
         if self.overwrite and not self.resume:
             for name in RUN_FILES:
-                (self.dir / name).unlink(missing_ok=True)
-        self.started = True
+                self._guard(lambda p: p.unlink(missing_ok=True), self.dir / name)
+        if self.resume:   # unfinished again until finish() writes the new summary.json
+            self._guard(lambda p: p.unlink(missing_ok=True), self.dir / "summary.json")
         self._guard(write_json, self.dir / "config.json", config)
         self._guard(atomic_write, self.dir / "metrics.jsonl", "".join(json_text(m) + "\n" for m in metrics).encode())
 
     def metric(self, record: dict) -> None:
-        def append(path):
-            with open(path, "a") as f:
-                f.write(json_text(record) + "\n")
-        self._guard(append, self.dir / "metrics.jsonl")
+        self._guard(append_line, self.dir / "metrics.jsonl", json_text(record))
 
     def finish(self, result, model_spec: dict | None = None) -> None:
-        import torch
+        """The run's results; summary.json last, so that a run holding it is complete (an
+        interruption before leaves an unfinished run, which a grid runs again)."""
         self._guard(write_json, self.dir / "staleness.json", result.staleness)
-        self._guard(write_json, self.dir / "summary.json", result.summary)
         self._guard(atomic_write, self.dir / "messages.jsonl",
                     "".join(json_text(m) + "\n" for m in result.messages).encode())
         if getattr(result, "probes", None) is not None:
@@ -126,11 +150,8 @@ class RunWriter:
                         "".join(json_text(r) + "\n" for r in result.probes).encode())
         payload = {"state_dict": result.model.state_dict(), "weights": result.weights.cpu(),
                    "model": model_spec or {}, "summary": result.summary}
-
-        def save(path):
-            with atomic_open(path) as f:
-                torch.save(payload, f)
-        self._guard(save, self.dir / "model.pt")
+        self._guard(atomic_torch_save, self.dir / "model.pt", payload)
+        self._guard(write_json, self.dir / "summary.json", result.summary)
 
     def close(self) -> None:
         """Release the lock; remove the directory if this run created it and never started."""
@@ -157,8 +178,14 @@ class RunWriter:
         try:
             write(path, *args)
         except OSError as e:
-            why = "the run directory was removed" if not self.dir.is_dir() else e.strerror or type(e).__name__
-            raise RunError(f"{path}: cannot write it ({why}); the run stopped") from None
+            raise RunError(write_failure(path, e, self.dir)) from None
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_writable(param: str, path: str | os.PathLike) -> None:

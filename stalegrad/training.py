@@ -359,7 +359,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
             resolved["numerics"]["server_kernels"] = run.server.kernels
         if untouched:
             run.note(f"init {config.init}: left these layers as they were built: {', '.join(untouched)}")
-        if saved is not None:   # checked before on_start writes anything
+        if saved is not None:   # checked whole, and loaded into memory, before on_start writes anything
             checkpoint.check_matches(resume, saved, run)
             # A real runtime may end a few messages past its budget: what counts is the budget it had.
             progress = saved["run"]["progress"]
@@ -368,13 +368,14 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
                 raise ConfigError("epochs", f"is {config.epochs:g}, but the run to resume has already trained "
                                             f"{count(done / run.num_samples, 'epoch', '.4g')}; give at least that many "
                                             "(more to extend it)")
+            resumed = checkpoint.restore(run, saved, resume)
         if on_start is not None:   # (configuration, metrics so far: those of the checkpoint when resuming)
             on_start(resolved, list(saved["run"]["progress"]["metrics"]) if saved is not None else [])
         if saved is None:
             run.evaluate()   # epoch 0: the initial weights
             runtime.run(run, seed=config.seed)
         else:
-            runtime.run(run, seed=config.seed, resume=checkpoint.restore(run, saved))
+            runtime.run(run, seed=config.seed, resume=resumed)
         return run.finish()
     finally:
         pinned.close()

@@ -85,7 +85,7 @@ def test_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
         f.write(b"partial")
         raise OSError("disk full")
     monkeypatch.setattr(ck.torch, "save", failing_save)
-    with pytest.raises(sg.RunError, match="c.pt: cannot write the checkpoint .*the run stopped"):
+    with pytest.raises(sg.RunError, match="c.pt: cannot write it .*the run stopped"):
         train("asgd", "uniform", path)
     assert path.read_bytes() == before                    # the old checkpoint is intact
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]   # no temporary file left
@@ -111,3 +111,27 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     torch.save({"format": 1, "weights": torch.zeros(3)}, path)
     with pytest.raises(CheckpointError, match="not a stalegrad checkpoint"):
         train("asgd", "uniform", tmp_path / "x.pt", resume=path)
+
+
+@pytest.mark.parametrize("damage", ["worker", "weights", "rng", "metrics", "momentum"])
+def test_a_damaged_checkpoint_is_refused_before_on_start(tmp_path, damage):
+    """A checkpoint of the right format and keys whose contents do not fit the run is refused with a
+    CheckpointError before ``on_start`` (which writes the run directory) is called."""
+    path = tmp_path / "c.pt"
+    train("dcasgd-a", "uniform", path)
+    state = torch.load(path, weights_only=True)
+    if damage == "worker":
+        state["runtime"]["workers"].pop()
+    elif damage == "weights":
+        state["run"]["server"]["w"] = torch.zeros(3)
+    elif damage == "rng":
+        state["run"]["torch_rng"] = torch.ones(5056, dtype=torch.float32)
+    elif damage == "metrics":
+        state["run"]["progress"]["metrics"] = "garbage"
+    else:
+        state["run"]["server"]["state"]["mean_square"].pop()
+    torch.save(state, path)
+    started = []
+    with pytest.raises(CheckpointError, match=f"{path.name}: damaged checkpoint"):
+        train("dcasgd-a", "uniform", path, resume=path, on_start=lambda *a: started.append(a))
+    assert started == []

@@ -221,6 +221,34 @@ def test_runs_resume_and_new_cells(tmp_path, run):
     assert "3 run, 1 skipped" in stdout
 
 
+def test_a_run_without_its_last_file_is_not_done(tmp_path, run, monkeypatch):
+    """A run interrupted in its final writes is run again: by this version (which writes summary.json
+    last, so there is none) and by earlier ones (summary.json, but no model.pt)."""
+    out = tmp_path / "out"
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1]\n')
+    assert run(path, "--out", out, "--jobs", 1, "--no-report")[0] == 0
+    (out / "runs" / "asgd-s0" / "model.pt").unlink()            # as an earlier version left it
+    code, listing, _ = run(path, "--out", out, "--dry-run")
+    assert code == 0 and "asgd-s0  to run again" in listing and "asgd-s1  done: skipped" in listing
+
+    import torch
+
+    def interrupted(obj, f, *args, **kwargs):    # Ctrl-C while this version writes model.pt
+        raise KeyboardInterrupt
+    with monkeypatch.context() as mp:
+        mp.setattr(torch, "save", interrupted)
+        train = importlib.import_module("stalegrad.cli.run").train
+        with pytest.raises(click.exceptions.Abort):      # (click's KeyboardInterrupt)
+            train.main(["--config", str(out / "cells" / "asgd-s0.toml"), "--quiet", "--overwrite",
+                        "--out", str(out / "runs" / "asgd-s0")], standalone_mode=False)
+    assert (out / "runs" / "asgd-s0" / "metrics.jsonl").is_file()
+    code, listing, _ = run(path, "--out", out, "--dry-run")
+    assert code == 0 and "asgd-s0  to run again" in listing
+    code, stdout, err = run(path, "--out", out, "--jobs", 1, "--no-report")
+    assert code == 0 and "1 run, 1 skipped" in stdout, err
+    assert (out / "runs" / "asgd-s0" / "model.pt").is_file()
+
+
 def test_a_changed_fixed_value_is_refused_unless_rerun_changed(tmp_path, run):
     out = tmp_path / "out"
     path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0]\n')

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+import stalegrad.errors as sg_errors
 from stalegrad.cli import main
 from stalegrad.rundir import LOCK_FILE, RunWriter
 from stalegrad.results import OutputError
@@ -211,3 +212,251 @@ def test_run_files_are_as_readable_as_any_new_file(finished):
     os.umask(mask)
     for name in FILES:
         assert (finished / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+# ---- issue 17: the remaining ways to lose or corrupt a run ---------------------------------
+def every_file(d):
+    """Every file of a run directory, byte for byte (the lock file holds the PID of its last holder)."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file() and p.name != LOCK_FILE}
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+    """A finished 2-epoch run with its checkpoint, made once; each test damages a copy."""
+    out = tmp_path_factory.mktemp("checkpointed") / "R"
+    assert main(["train", *RUN, "--epochs", "2", "--checkpoint-every", "5", "--out", str(out)]) == 0
+    return out
+
+
+def copy_of(run_dir, tmp_path):
+    import shutil
+    shutil.copytree(run_dir, tmp_path / "R")
+    return tmp_path / "R"
+
+
+def _drop_worker(st):
+    st["runtime"]["workers"].pop()
+
+
+def _cut_weights(st):
+    st["run"]["server"]["w"] = st["run"]["server"]["w"][:-1]
+
+
+def _garbage_rng(st):
+    st["run"]["torch_rng"] = torch.arange(10, dtype=torch.uint8)
+
+
+def _garbage_worker_rng(st):
+    st["runtime"]["workers"][1]["stream"]["rng"] = torch.zeros(3, dtype=torch.uint8)
+
+
+def _metrics_string(st):
+    st["run"]["progress"]["metrics"] = "not a list"
+
+
+def _metric_without_accuracy(st):
+    del st["run"]["progress"]["metrics"][-1]["test_acc"]
+
+
+def _short_pulled_version(st):
+    st["run"]["server"]["pulled_version"] = st["run"]["server"]["pulled_version"][:1]
+
+
+def _sample_index_out_of_range(st):
+    st["runtime"]["workers"][0]["stream"]["order"][0] = 10 ** 9
+
+
+def _worker_in_heap_out_of_range(st):
+    t, q, _ = st["runtime"]["heap"][0]
+    st["runtime"]["heap"][0] = (t, q, 7)
+
+
+@pytest.mark.parametrize("damage", [_drop_worker, _cut_weights, _garbage_rng, _garbage_worker_rng, _metrics_string,
+                                    _metric_without_accuracy, _short_pulled_version, _sample_index_out_of_range,
+                                    _worker_in_heap_out_of_range], ids=lambda f: f.__name__.strip("_"))
+def test_a_damaged_checkpoint_is_refused_before_anything_changes(checkpointed, tmp_path, capsys, damage):
+    """Each damage passes the load check (a dict of the right format and keys) but not the run: refused
+    in one line, exit 2, and config.json (epochs 2), metrics.jsonl and the rest byte for byte as they were."""
+    out = copy_of(checkpointed, tmp_path)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    damage(state)
+    torch.save(state, out / "checkpoint.pt")
+    before = every_file(out)
+    code, _, err = cli(capsys, "train", "--resume", out, "--epochs", "3")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "checkpoint.pt: damaged checkpoint" in err and "resume from an intact one" in err
+    assert every_file(out) == before
+
+
+def test_an_intact_checkpoint_still_resumes_and_extends(checkpointed, tmp_path, capsys):
+    out = copy_of(checkpointed, tmp_path)
+    code, _, err = cli(capsys, "train", "--resume", out, "--epochs", "3")
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["epochs"] == 3
+    assert json.loads((out / "summary.json").read_text())["epochs"] >= 3
+
+
+@pytest.mark.parametrize("how", ["directory", "not-utf8", "not-json", "unreadable"])
+def test_resume_with_an_unreadable_config_is_one_line(checkpointed, tmp_path, capsys, how):
+    out = copy_of(checkpointed, tmp_path)
+    config = out / "config.json"
+    if how == "directory":
+        config.unlink()
+        config.mkdir()
+    elif how == "not-utf8":
+        config.write_bytes(b"\xff\xfe{\x00")
+    elif how == "not-json":
+        config.write_text("{ half a json")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root reads a file of mode 000")
+        config.chmod(0)
+    code, _, err = cli(capsys, "train", "--resume", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "config.json" in err
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A file system of 300 KiB (a tmpfs) to fill; mounting one needs root (skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk):
+    """Write to ``disk`` until it is full."""
+    import errno
+    with open(disk / "filler", "wb", buffering=0) as f:
+        with pytest.raises(OSError) as full:
+            while True:
+                f.write(b"\0" * 4096)
+    assert full.value.errno == errno.ENOSPC
+
+
+def test_a_read_only_run_directory_is_refused_before_the_data_is_read(small_disk, capsys, monkeypatch):
+    out = small_disk / "R"
+    assert cli(capsys, "train", *RUN, "--checkpoint-every", "5", "--out", out)[0] == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    import stalegrad.cli.run as run_cli
+    monkeypatch.setattr(run_cli, "load_data", lambda params: pytest.fail("the data was read first"))
+    code, _, err = cli(capsys, "train", "--resume", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "read-only file system" in err and "make it writable" in err
+
+
+def test_a_run_directory_this_user_cannot_write_is_refused_before_the_data_is_read(checkpointed, tmp_path, capsys,
+                                                                                   monkeypatch):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a directory of mode 555")
+    out = copy_of(checkpointed, tmp_path)
+    out.chmod(0o555)
+    try:
+        import stalegrad.cli.run as run_cli
+        monkeypatch.setattr(run_cli, "load_data", lambda params: pytest.fail("the data was read first"))
+        code, _, err = cli(capsys, "train", "--resume", out)
+        assert code == 2 and "not writable by this user" in err and "Traceback" not in err, err
+    finally:
+        out.chmod(0o755)
+
+
+def test_a_metrics_line_on_a_full_disk_is_whole_or_absent(small_disk):
+    writer = RunWriter(small_disk / "R").open()
+    try:
+        writer.start({"algorithm": {"name": "asgd"}}, [{"samples": 0, "test_acc": 0.1}])
+        before = (small_disk / "R" / "metrics.jsonl").read_bytes()
+        fill(small_disk)
+        # longer than what is left of the file's last page: part of it would fit
+        with pytest.raises(sg_errors.RunError, match="metrics.jsonl: cannot write it .No space left on device.*"
+                                                     "free space on that disk"):
+            writer.metric({"samples": 1, "note": "x" * 6000})
+        assert (small_disk / "R" / "metrics.jsonl").read_bytes() == before
+    finally:
+        writer.close()
+
+
+def test_a_full_disk_at_model_pt_is_one_line_and_leaves_an_unfinished_run(small_disk, capsys):
+    out = small_disk / "R"
+    # mlp 256x128 on 32 features: 43k weights, 340 KB of model.pt; the rest fits
+    code, _, err = cli(capsys, "train", *RUN, "--model", "mlp", "--out", out)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "model.pt: cannot write it (No space left on device)" in err
+    assert not (out / "summary.json").exists() and not (out / "model.pt").exists()
+    assert not list(out.glob(".*.tmp"))
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert lines and all(json.loads(line)["samples"] >= 0 for line in lines)
+
+
+def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one(small_disk, capsys):
+    out = small_disk / "R"
+    # about 175 KB a checkpoint: the first fits, the second (written beside it, then renamed) does not
+    code, _, err = cli(capsys, "train", *RUN, "--model", "mlp", "--hidden", "160", "--checkpoint-every", "5",
+                       "--out", out)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "checkpoint.pt: cannot write it (No space left on device)" in err and f"--resume {out}" in err
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)       # whole, and the first one
+    assert saved["run"]["server"]["version"] == 5
+    assert not list(out.glob(".*.tmp")) and not (out / "summary.json").exists()
+
+
+def interrupt_model_pt(monkeypatch):
+    """Ctrl-C while model.pt is written (the only torch.save of the final writes)."""
+    def interrupted(obj, f, *args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(torch, "save", interrupted)
+
+
+def test_ctrl_c_during_the_final_writes_leaves_an_unfinished_run(tmp_path, capsys, monkeypatch):
+    interrupt_model_pt(monkeypatch)
+    out = tmp_path / "R"
+    code, _, err = cli(capsys, "train", *RUN, "--out", out)
+    assert code == 130 and "interrupted" in err
+    assert (out / "metrics.jsonl").exists() and not (out / "summary.json").exists()
+    from stalegrad.results import is_finished
+    assert not is_finished(out)
+
+
+def test_a_resume_is_unfinished_until_its_summary_is_written(checkpointed, tmp_path, capsys, monkeypatch):
+    out = copy_of(checkpointed, tmp_path)
+    interrupt_model_pt(monkeypatch)
+    code, _, err = cli(capsys, "train", "--resume", out, "--epochs", "3")
+    assert code == 130
+    # not the 2-epoch summary beside a 3-epoch config.json
+    assert json.loads((out / "config.json").read_text())["epochs"] == 3 and not (out / "summary.json").exists()
+
+
+def _refusal_imports_torch(*args):
+    """Run ``stalegrad train ARGS`` in a fresh interpreter: (exit code, stderr, whether torch was imported)."""
+    probe = ("import sys; from stalegrad.cli import main; code = main(sys.argv[1:]); "
+             "print('torch' in sys.modules); sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", probe, "train", *map(str, args)], capture_output=True, text=True)
+    return proc.returncode, proc.stderr, proc.stdout.strip() == "True"
+
+
+def test_an_out_that_holds_a_run_and_a_locked_one_are_refused_before_torch(finished):
+    code, err, imported = _refusal_imports_torch(*RUN, "--out", finished)
+    assert code == 2 and "already holds a run" in err and not imported
+    holder = RunWriter(finished, resume=True).open()
+    try:
+        code, err, imported = _refusal_imports_torch(*RUN, "--overwrite", "--out", finished)
+        assert code == 2 and "another run (PID" in err and not imported
+        code, err, imported = _refusal_imports_torch("--resume", finished)
+        assert code == 2 and f"--resume {finished}: another run (PID" in err and not imported
+    finally:
+        holder.close()
+
+
+def test_train_help_says_out_is_not_needed_with_resume(capsys):
+    code, out, _ = cli(capsys, "train", "--help")
+    assert code == 0
+    help_of_out = " ".join(out.split("--out DIRECTORY", 1)[1].split("--resume DIRECTORY", 1)[0].split())
+    assert "[required]" not in help_of_out and "unless --resume" in help_of_out

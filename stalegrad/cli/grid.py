@@ -23,6 +23,7 @@ import click
 from ..errors import RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
 from ..progress import count
+from ..results import is_finished
 
 
 def _echo_err(line: str) -> None:
@@ -52,7 +53,8 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     grid is their product) and a [report] table (target, baseline). sgd runs with one worker, once;
     an algorithm parameter applies only to the algorithms that have it. Each cell runs as 'stalegrad
     train' in a process of its own, into DIR/runs/<cell>/ (e.g. asgd-M8-lr0.1-gamma2-s0); a cell
-    whose run holds summary.json is skipped, an unfinished one is run again.
+    whose run is finished (summary.json, written last, and model.pt) is skipped, an unfinished one is
+    run again.
     """
     from ..grid import GridRun, load_grid
 
@@ -179,14 +181,14 @@ def changed_key(old: dict, new: dict) -> str | None:
 
 
 def plan(g: Grid, out: Path, rerun_changed: bool = False) -> dict[str, str]:
-    """What each cell needs in ``out``: ``skip`` (its run holds summary.json), ``rerun`` (a directory
-    without summary.json, or changed options with ``rerun_changed``) or ``run``. A finished cell
+    """What each cell needs in ``out``: ``skip`` (its run is finished: ``results.is_finished``), ``rerun``
+    (an unfinished run, or changed options with ``rerun_changed``) or ``run``. A finished cell
     whose options the file now changes (a [fixed] value) is an error: its results would be mixed up
     with the new ones."""
     actions, changed = {}, []
     for cell in g.cells:
         run_dir = out / "runs" / cell.name
-        if not (run_dir / "summary.json").is_file():
+        if not is_finished(run_dir):
             actions[cell.name] = "rerun" if run_dir.exists() else "run"
             continue
         actions[cell.name] = "skip"

@@ -1,6 +1,7 @@
 """``stalegrad train`` and ``stalegrad compare``: runs into run directories."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -29,9 +30,10 @@ def check_options(algo_name: str, params: dict):
 
 
 def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool, resume: bool = False,
-              tensorboard: str | Path | None = None):
+              tensorboard: str | Path | None = None, writer=None):
     """One run into ``out`` (or its continuation from ``out``'s checkpoint), and TensorBoard logs into
-    ``tensorboard``; returns the TrainResult.
+    ``tensorboard``; returns the TrainResult. ``writer``: the run directory, already opened (locked)
+    by the caller; else it is opened here.
 
     Everything is checked (options, runtime, model against the data) before the run directory is touched.
     """
@@ -50,7 +52,10 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
     checkpoint_path = out / CHECKPOINT_FILE
     model_spec = {"name": params["model"], "input_shape": list(shape), "num_classes": classes,
                   "hidden": list(params["hidden"]) if params["hidden"] else None}
-    with RunWriter(out, overwrite=params["overwrite"], resume=resume) as writer:   # locked for the run
+    opened = writer is not None
+    if not opened:
+        writer = RunWriter(out, overwrite=params["overwrite"], resume=resume)
+    with contextlib.nullcontext(writer) if opened else writer:   # locked for the run
         on_eval, board = writer.metric, None
         if tensorboard is not None:
             from ..tblog import TensorBoardLog
@@ -91,15 +96,20 @@ def summary_line(name: str, res, out: Path) -> str:
 @click.command()
 @click.option("--algo", type=click.Choice(list(ALGORITHMS)), default="asgd", show_default=True)
 @run_options
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="run directory for the results  [required]")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="run directory for the results (required, unless --resume gives it)")
 @click.option("--resume", type=click.Path(file_okay=False), default=None,
               help="continue the run in DIR from its last checkpoint; DIR/config.json gives every other option "
                    "(only --epochs, to extend it, --data-dir, --quiet and --tensorboard may be given)")
 @click.pass_context
 def train(ctx, algo, out, resume, **params):
-    """Train one model with one algorithm and write the run to --out."""
+    """Train one model with one algorithm and write the run to --out (or continue one with --resume)."""
+    from ..rundir import RunWriter   # (no torch: the refusals below come before it is imported)
+
     params["algo"] = algo
     if resume is not None:
+        refuse_resume_options(ctx, Path(resume))
+        writer = RunWriter(resume, resume=True)   # the output checks of a new run, before config.json is read
         params = resume_params(ctx, Path(resume), params)
         out = resume
     else:
@@ -107,20 +117,25 @@ def train(ctx, algo, out, resume, **params):
         out = params.pop("out", None) or out     # an `out` key of the TOML file (the flag wins)
         if out is None:
             raise UsageError("--out DIR is required: the directory for the run's results (or --resume DIR)")
+        writer = None
     out = Path(out)
     algo = params.pop("algo")
     check_options(algo, params)   # a bad option fails fast, before the data set is read
-    train_set, test_set = load_data(params)
-    res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"], resume=resume is not None,
-                    tensorboard=params.get("tensorboard"))
+    if writer is None:
+        writer = RunWriter(out, overwrite=params["overwrite"])   # a run already there is refused here
+    # Locked before torch is imported and the data read: a second run on DIR is refused at once.
+    with writer:
+        train_set, test_set = load_data(params)
+        res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"],
+                        resume=resume is not None, tensorboard=params.get("tensorboard"), writer=writer)
     click.echo(summary_line(algo, res, out))
 
 
 _RESUME_MAY_CHANGE = {"epochs", "data_dir", "quiet", "resume", "algo", "tensorboard"}
 
 
-def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
-    """The options of the run in ``run_dir``, from its config.json."""
+def refuse_resume_options(ctx: click.Context, run_dir: Path) -> None:
+    """An option that --resume takes from config.json, given on the command line, is an error."""
     given = [p for p in ctx.command.params if ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE
              and p.name not in _RESUME_MAY_CHANGE]
     if given:
@@ -128,12 +143,23 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
                          "(only --epochs, --data-dir, --quiet and --tensorboard may be given)")
     if ctx.get_parameter_source("algo") == ParameterSource.COMMANDLINE:
         raise UsageError(f"--resume takes its options from {run_dir}/config.json; drop --algo")
+
+
+def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
+    """The options of the run in ``run_dir``, from its config.json."""
+    refuse_resume_options(ctx, run_dir)
     try:
         cfg = json.loads((run_dir / "config.json").read_text())
         algorithm = dict(cfg["algorithm"])
         runtime = dict(cfg["runtime"])
     except FileNotFoundError:
         raise UsageError(f"--resume {run_dir}: not a stalegrad run directory (no config.json)") from None
+    except OSError as e:   # a directory in its place, no permission to read it
+        raise UsageError(f"--resume {run_dir}: cannot read config.json ({e.strerror or e}); make it the "
+                         "readable file the run wrote, or start afresh with --out") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--resume {run_dir}: config.json is damaged (not UTF-8 text); restore the file the "
+                         "run wrote, or start afresh with --out") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise UsageError(f"--resume {run_dir}: config.json is damaged ({e})") from None
     resumed = dict(params)
