@@ -145,18 +145,31 @@ def test_bad_config_keys_and_values(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("line,needle", [
-    ("workers = [1, 2]", "workers must be a single value"), ("epochs = {a = 1}", "epochs must be a single value"),
-    ('hidden = ["a"]', "hidden: expected comma-separated sizes"),
-    ('lr_milestones = ["x"]', "lr_milestones: expected comma-separated numbers"),
+    ("workers = [1, 2]", "workers must be an integer, not [1, 2]"),
+    ("epochs = {a = 1}", "epochs must be a number, not {'a': 1}"),
+    ('hidden = ["a"]', "hidden must be a list of integers"),
+    ('lr_milestones = ["x"]', "lr_milestones must be a list of numbers"),
     ("epochs = inf", "--epochs must be a finite number > 0, got inf"), ("lr = nan", "--lr must be a finite number"),
     ("train = 5", "unknown key 'train'"), ("seed = 1.5", "seed"), ('lam0 = "a"', "lam0"),
+    # strict types (issue 17 item 5): no dates, no numbers in strings, no number for a path, no 1 for true
+    ("epochs = 1970-01-01", "epochs must be a number, not 1970-01-01"),
+    ("epochs = 07:32:00", "epochs must be a number, not 07:32:00"),
+    ('lr = "0.1"', "lr must be a number, not '0.1'"), ("data_dir = 5", "data_dir must be a string"),
+    ("vectorised = 1", "vectorised must be true or false"), ('hidden = "8,8"', "hidden must be a list of integers"),
+    ('delay = ["uniform"]', "delay must be a string"), ("init = 3", "init must be a string (in quotes) (one of torch"),
+    ("seed = true", "seed must be an integer"),
+    # no table but [train]; no keys beside it, which it would silently override
+    ("[x]\ny = 1", "unknown table [x]"), ("workers = 2\n[train]\nworkers = 3", "workers is outside the [train] table"),
+    ("[other]\nx = 1", "unknown table [other]"), ("[train]\n[train.x]\ny = 1", "unknown table [train.x]"),
     ("lr_milestones = [2, 1]", "--lr-milestones must be increasing"),
 ])
 def test_config_values_of_the_wrong_shape_are_one_line(tmp_path, capsys, line, needle):
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'algo = "dcasgd-a"\n{line}\n')
+    cfg.write_text(f'algo = "dcasgd-a"\n{line}\n' if "\n[" not in f"\n{line}" else f"{line}\n")
     code, _, err = cli(capsys, "train", "--config", cfg, "--out", tmp_path / "r")
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    if "--" not in needle:   # the file's own mistakes name the file
+        assert err.startswith(f"stalegrad: error: {cfg}: "), err
     assert not (tmp_path / "r").exists()
 
 

@@ -2,7 +2,7 @@
 command leaves no new directory. (A run that starts and then fails, e.g. a NaN under
 --on-nonfinite stop, exits 1 with one line; that is allowed too.)"""
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from stalegrad.algorithms import ALGORITHMS
@@ -71,3 +71,90 @@ def test_random_options_never_give_a_traceback(tmp_path_factory, capsys, opts, e
         assert not (base / "new").exists(), (args, err)      # nothing created for a refused command
     else:
         assert code == 1 and "NaN or Inf" in err, (args, code, err)
+
+
+# ---- TOML files: --config of train and compare, and grid files (issue 17 item 5) ------------------------
+# What each key's value must be, written here independently of the code under test: the oracle.
+KINDS = {"workers": "int", "epochs": "number", "batch-size": "int", "lr": "number", "lr_milestones": "numbers",
+         "lr-gamma": "number", "delay": "string", "step_time": "number", "vectorised": "flag", "runtime": "string",
+         "seed": "int", "data-dir": "string", "hidden": "ints", "eval_every": "number", "window": "int",
+         "lam0": "number", "device": "string", "init": "string", "partition": "string", "quiet": None,
+         "colour": None}   # None: not a key of a config file at all
+WELL_TYPED = {
+    "int": lambda v: type(v) is int,
+    "number": lambda v: type(v) in (int, float),
+    "string": lambda v: type(v) is str,
+    "flag": lambda v: type(v) is bool,
+    "ints": lambda v: type(v) is list and all(type(x) is int for x in v),
+    "numbers": lambda v: type(v) is list and all(type(x) in (int, float) for x in v),
+    None: lambda v: False,
+}
+scalars = st.one_of(st.integers(-3, 10**20), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                    st.sampled_from(["uniform", "0.1", "", "x", "cpu", "trace:/dev/zero", "256,128"]),
+                    st.dates(), st.times(), st.datetimes())
+values = st.one_of(scalars, st.lists(st.one_of(st.integers(0, 300), st.floats(0.01, 100), st.just("a")), max_size=3),
+                   st.just({"a": 1}))
+
+
+def toml_text(v) -> str:
+    import datetime
+    from stalegrad.grid import toml_value
+    if isinstance(v, (datetime.date, datetime.time)):
+        return v.isoformat()
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_text(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_text(x) for x in v) + "]"
+    return toml_value(v)
+
+
+documents = st.dictionaries(st.sampled_from(sorted(KINDS)), values, min_size=1, max_size=4)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(doc=documents, command=st.sampled_from(["train", "compare"]),
+       layout=st.sampled_from(["flat", "train", "flat+train", "other"]))
+def test_random_config_files_are_typed_strictly(tmp_path_factory, capsys, doc, command, layout):
+    base = tmp_path_factory.mktemp("toml")
+    lines = [f"{k} = {toml_text(v)}" for k, v in doc.items()]
+    text = {"flat": "\n".join(lines), "train": "[train]\n" + "\n".join(lines),
+            "flat+train": "\n".join(lines) + "\n[train]\nseed = 1", "other": "\n".join(lines) + "\n[other]\nx = 1"}
+    cfg = base / "c.toml"
+    cfg.write_text(text[layout] + "\n")
+    out = base / "new" / "run"
+    # --batch-size 0 on the command line: a file that passes every check still stops before any training
+    code = main([command, "--config", str(cfg), "--batch-size", "0", "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err
+    lines_err = err.strip().splitlines()
+    assert code == 2 and len(lines_err) == 1 and lines_err[0].startswith("stalegrad: error:"), (text[layout], err)
+    assert "Traceback" not in err and not (base / "new").exists(), err
+    bad = [k for k, v in doc.items() if not WELL_TYPED[KINDS[k]](v)]
+    if bad or layout in ("flat+train", "other"):
+        assert lines_err[0].startswith(f"stalegrad: error: {cfg}: "), (text[layout], err)
+        if layout in ("flat", "train"):   # the first mistake in the file is named
+            assert f" {bad[0]} " in lines_err[0] or f"'{bad[0]}'" in lines_err[0], (text[layout], err)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@example(fixed={"seed": 0}, axis="workers", axis_values=__import__("datetime").date(1970, 1, 1), report={})
+@example(fixed={"epochs": __import__("datetime").time(7, 32)}, axis="seed", axis_values=[0], report={"baseline": 1})
+@given(fixed=documents, axis=st.sampled_from(sorted(k for k, kind in KINDS.items() if kind)), axis_values=values,
+       report=st.dictionaries(st.sampled_from(["target", "baseline", "colour"]), scalars, max_size=2))
+def test_random_grid_files_are_typed_strictly(tmp_path_factory, capsys, fixed, axis, axis_values, report):
+    base = tmp_path_factory.mktemp("gridtoml")
+    fixed = {k: v for k, v in fixed.items() if k != axis}
+    path = base / "g.toml"
+    path.write_text("[fixed]\n" + "".join(f"{k} = {toml_text(v)}\n" for k, v in fixed.items())
+                    + f"[axes]\n{axis} = {toml_text(axis_values)}\n[report]\n"
+                    + "".join(f"{k} = {toml_text(v)}\n" for k, v in report.items()))
+    code = main(["grid", str(path), "--dry-run", "--out", str(base / "new")])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not (base / "new").exists(), err
+    assert code in (0, 2), err
+    bad_fixed = [k for k, v in fixed.items() if not WELL_TYPED[KINDS[k]](v) and not isinstance(v, list)]
+    if bad_fixed:
+        assert code == 2 and err.startswith(f"stalegrad: error: {path}: [fixed] "), err
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("stalegrad: error: "), err
