@@ -87,6 +87,37 @@ def test_compare_prints_a_table(tmp_path, capsys):
     assert "| sgd | 1 |" in out and "| agn | 3 |" in out
 
 
+COMPARE = ["compare", "--dataset", "synthetic", "--model", "logreg", "--epochs", 0.2, "--batch-size", 32, "--quiet"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--algos", "asgd,asgd"], "--algos lists asgd twice"),
+    (["--algos", "sgd,asgd", "--lam", "0.1"], "--lam applies to none of the compared algorithms (sgd, asgd)"),
+    (["--algos", "sgd,asgd,agn", "--window", "0"], "agn: --window must be a positive integer"),
+    (["--algos", "sgd,dcasgd-a", "--ms-momentum", "1.5"], "dcasgd-a: --ms-momentum must be in [0, 1)"),
+    # sgd's one worker has every sample; asgd's four have a quarter each: found before sgd trains
+    (["--algos", "sgd,asgd", "--workers", "4", "--batch-size", "2000"], "--batch-size is 2000, larger than each worker's"),
+])
+def test_compare_checks_every_run_before_the_first_trains(tmp_path, capsys, args, needle):
+    """Issue 17 item 6: a mistake in any run of a comparison stops it before the first run trains."""
+    out = tmp_path / "cmp"
+    code, _, err = cli(capsys, *COMPARE, *args, "--out", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not out.exists()
+
+
+def test_compare_checks_every_output_directory_first(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    (out / "asgd").mkdir(parents=True)
+    (out / "asgd" / "summary.json").write_text("{}")
+    code, _, err = cli(capsys, *COMPARE, "--algos", "sgd,asgd", "--out", out)
+    assert code == 2 and f"--out {out / 'asgd'}: already holds a run" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["asgd"]      # sgd did not train first
+    (tmp_path / "file").write_text("x")
+    code, _, err = cli(capsys, *COMPARE, "--algos", "sgd,asgd", "--out", tmp_path / "file")
+    assert code == 2 and "is a file" in err, err
+
+
 def test_algorithms_lists_every_rule_and_default(capsys):
     code, out, _ = cli(capsys, "algorithms")
     assert code == 0

@@ -174,23 +174,14 @@ def compare(ctx, algos, out, **params):
                          f"choose from {', '.join(ALGORITHMS)}")
     if params.get("record_trace") is not None:
         raise UsageError("--record-trace records one run: use it with 'stalegrad train'")
-    workers = params["workers"]
-    per_algo = []
-    for name in names:
-        p = dict(params)
-        p["workers"] = 1 if ALGORITHMS[name].sequential else workers
-        # Parameters of other algorithms in the comparison are not errors here.
-        own = {f.name for f in ALGORITHMS[name].hyperparameters()}
-        for k in ALGO_FLAGS:
-            if k not in own:
-                p[k] = None
-        check_options(name, p)     # every run's options checked before the first one starts
-        per_algo.append((name, p))
+    out = Path(out)
+    per_algo = _check_compare(names, params, out)   # every run checked before the first one starts
     from ..metrics import temporal_efficiency
     from ..results import write_json
 
     train_set, test_set = load_data(params)
-    out = Path(out)
+    for name, p in per_algo:
+        build_config(name, p).check_data(train_set, test_set)
     rows, curves = [], {}
     for name, p in per_algo:
         board = params.get("tensorboard")
@@ -207,6 +198,36 @@ def compare(ctx, algos, out, **params):
     table = _table(rows, params, base)
     (out / "comparison.md").write_text(table + "\n")
     click.echo(table)
+
+
+def _check_compare(names: list[str], params: dict, out: Path) -> list[tuple[str, dict]]:
+    """Every run of a comparison checked before the first one trains: no algorithm twice, no algorithm
+    flag that none of them takes, each one's options, and each one's output directory OUT/ALGO."""
+    from ..algorithms import renamed
+    from ..rundir import RunWriter
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise UsageError(f"--algos lists {twice} twice; each algorithm runs once, into --out/{twice}")
+    owns = {n: {f.name for f in ALGORITHMS[n].hyperparameters()} for n in names}
+    for key, (flag, _, _) in ALGO_FLAGS.items():
+        if params.get(key) is not None and not any(key in own or renamed(ALGORITHMS[n], key) for n, own in owns.items()):
+            takers = [n for n, c in ALGORITHMS.items() if key in {f.name for f in c.hyperparameters()}]
+            raise UsageError(f"{flag} applies to none of the compared algorithms ({', '.join(names)}); it is a "
+                             f"parameter of {', '.join(takers)}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory; choose another path")
+    per_algo = []
+    for name in names:
+        p = dict(params)
+        p["workers"] = 1 if ALGORITHMS[name].sequential else params["workers"]
+        # Parameters of other algorithms in the comparison are not errors here.
+        for k in ALGO_FLAGS:
+            if k not in owns[name] and not renamed(ALGORITHMS[name], k):
+                p[k] = None
+        check_options(name, p)
+        RunWriter(out / name, overwrite=params["overwrite"])   # only checks: an existing run, a file in the way
+        per_algo.append((name, p))
+    return per_algo
 
 
 def _table(rows: list[dict], params: dict, base: str) -> str:
