@@ -128,14 +128,12 @@ def _train_options() -> tuple[dict, dict]:
 
 
 def _check_value(where: str, key: str, v, param) -> None:
-    """A value of ``param`` in the grid file: typed as ``stalegrad train --config`` wants it."""
+    """A value of ``param`` in the grid file, typed as ``stalegrad train --config`` wants it."""
     from .cli.options import toml_value_problem
-    listy = param.callback is not None     # hidden, lr_milestones take a list
-    if isinstance(v, list) and not listy:
+    if isinstance(v, list) and param.callback is None:     # (hidden, lr_milestones take a list)
         raise UsageError(f"{where} {key} is a list: put it in [axes] to make it an axis" if "[fixed]" in where
                          else f"{where} {key}: each value must be a single value, not {v!r}")
-    problem = toml_value_problem(param, v)
-    if problem is not None:
+    if (problem := toml_value_problem(param, v)) is not None:
         raise UsageError(f"{where} {key} {problem}")
 
 
@@ -149,8 +147,7 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
         raise UsageError(f"{path}: not valid TOML ({e})") from None
     for key, value in table.items():
         if key not in ("fixed", "axes", "report") or not isinstance(value, dict):
-            raise UsageError(f"{path}: unknown table or key {key!r}; a grid file has the tables [fixed], [axes] "
-                             "and [report]")
+            raise UsageError(f"{path}: unknown table or key {key!r}; the tables are [fixed], [axes] and [report]")
     by_name, flags = _train_options()
     fixed, axes = {}, {}
     for section, out in (("fixed", fixed), ("axes", axes)):
@@ -161,12 +158,10 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
             if name in REFUSED:
                 raise UsageError(f"{where} {key}: not an option of a grid ({REFUSED[name]})")
             if name not in by_name:
-                known = sorted({*(n for n in by_name if n not in REFUSED), *ALIASES})
-                raise UsageError(f"{where} unknown key {key!r}; keys are the options of 'stalegrad train' "
-                                 f"and algos and seeds: {', '.join(known)}")
+                known = ", ".join(sorted({*(n for n in by_name if n not in REFUSED), *ALIASES}))
+                raise UsageError(f"{where} unknown key {key!r}; keys are {known}")
             if name in fixed or name in out:
                 raise UsageError(f"{where} {key}: {name} is given twice (fixed or an axis, not both)")
-            listy = by_name[name].callback is not None     # hidden, lr_milestones take a list
             if section == "fixed":
                 _check_value(where, key, value, by_name[name])
             else:
@@ -177,7 +172,7 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
                 if not value:
                     raise UsageError(f"{where} {key} is empty: list at least one value")
                 for v in value:
-                    if listy and not isinstance(v, list):
+                    if by_name[name].callback is not None and not isinstance(v, list):
                         raise UsageError(f"{where} {key}: each value is a list, e.g. {key} = [[256, 128], [512]]")
                     _check_value(where, key, v, by_name[name])
                 dup = next((v for i, v in enumerate(value) if v in value[:i]), None)
@@ -188,8 +183,7 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
     unknown = [k for k in report if k not in REPORT_KEYS]
     if unknown:
         raise UsageError(f"{path}: [report] unknown key {unknown[0]!r}; keys are {', '.join(REPORT_KEYS)}")
-    baseline = report.get("baseline")
-    if baseline is not None and not isinstance(baseline, str):
+    if not isinstance(baseline := report.get("baseline", ""), str):
         raise UsageError(f"{path}: [report] baseline must be an algorithm's name (a string), not {baseline!r}")
     target = report.get("target", 1)
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
