@@ -75,6 +75,15 @@ class RunConfig:
         lr = default_lr(algo) if self.lr is None else check_finite_positive("lr", self.lr)
         lr_gamma = check_finite_positive("lr_gamma", self.lr_gamma)
         milestones = self._milestones()
+        for k in range(1, len(milestones) + 1):   # every rate of the schedule: LRSchedule computes lr * gamma**k
+            try:
+                scheduled = lr * lr_gamma ** k
+            except OverflowError:
+                scheduled = math.inf
+            if not math.isfinite(scheduled) or scheduled <= 0:
+                raise ConfigError("lr_gamma", f"is {lr_gamma:g}: after milestone {k} the learning rate {lr:g} x "
+                                              f"{lr_gamma:g}^{k} is {scheduled:g}, not a finite number > 0; "
+                                              "give a gamma that keeps it one, e.g. 0.1")
         _choice("partition", self.partition, PARTITIONS)
         _choice("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice("init", self.init, INITS)

@@ -162,6 +162,32 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--lr-gamma", "1e308", "--lr-milestones", "0.1,0.2"], "--lr-gamma is 1e+308: after milestone 2"),
+    (["--hidden", "100000000000"], "parameters x"),
+    (["--workers", "99999999999999999999", "--partition", "iid"], "the run needs about"),
+    (["--runtime", "local", "--threads-per-worker", "100000"], "--threads-per-worker is 100000, more than"),
+    (["--delay", "gamma:1e-320"], "--delay makes one message take inf virtual seconds"),
+    (["--step-time", "1e308"], "--step-time makes one message take 1e+308 virtual seconds"),
+    (["--delay", "trace:/dev/zero"], "not a regular file"),
+])
+def test_values_that_would_crash_mid_run_are_refused_before_anything_is_written(tmp_path, capsys, args, needle):
+    """Issue 17 item 8: each of these passed the checks and then crashed or ran forever mid-run."""
+    out = tmp_path / "r"
+    code, _, err = cli(capsys, "train", "--dataset", "synthetic", "--epochs", 0.1, *args, "--quiet", "--out", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert err.startswith("stalegrad: error: ") and not out.exists()
+
+
+def test_a_message_names_every_parameter_as_a_flag(tmp_path, capsys):
+    """A ConfigError's problem that names a second parameter spells it as a flag too (the API keeps the
+    Python name): --probe-every with --checkpoint-every, not checkpoint_every."""
+    code, _, err = cli(capsys, "train", "--dataset", "synthetic", "--probe-every", 2, "--checkpoint-every", 3,
+                       "--quiet", "--out", tmp_path / "r")
+    assert code == 2 and "--probe-every cannot be combined with --checkpoint-every" in err, err
+    assert "checkpoint_every" not in err
+
+
 def test_bad_config_keys_and_values(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text("colour = 3\n")

@@ -39,14 +39,18 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
 
     from ..checkpoint import CHECKPOINT_FILE
     from ..models import build_model
+    from ..resources import check_memory, meta_model
     from ..rundir import RunWriter
     from ..training import train
 
     config, runtime = check_options(algo_name, params)
     config.check_data(train_set, test_set)
     shape, classes = tuple(train_set.x.shape[1:]), train_set.num_classes
+    def build():
+        return build_model(params["model"], shape, classes, hidden=params["hidden"])
+    check_memory(config, meta_model(build), train_set, test_set)    # a model too large is refused, not built
     torch.manual_seed(config.seed)
-    module = build_model(params["model"], shape, classes, hidden=params["hidden"])
+    module = build()
     checkpoint_path = out / CHECKPOINT_FILE
     model_spec = {"name": params["model"], "input_shape": list(shape), "num_classes": classes,
                   "hidden": list(params["hidden"]) if params["hidden"] else None}
@@ -204,7 +208,6 @@ def _check_compare(names: list[str], params: dict, out: Path) -> list[tuple[str,
     """Every run of a comparison checked before the first one trains: no algorithm twice, no algorithm
     flag that none of them takes, each one's options, and each one's output directory OUT/ALGO."""
     from ..algorithms import renamed
-    from ..rundir import RunWriter
     twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if twice is not None:
         raise UsageError(f"--algos lists {twice} twice; each algorithm runs once, into --out/{twice}")
@@ -225,8 +228,10 @@ def _check_compare(names: list[str], params: dict, out: Path) -> list[tuple[str,
             if k not in owns[name] and not renamed(ALGORITHMS[name], k):
                 p[k] = None
         check_options(name, p)
-        RunWriter(out / name, overwrite=params["overwrite"])   # only checks: an existing run, a file in the way
         per_algo.append((name, p))
+    from ..rundir import RunWriter   # (imports torch: not for a mistake in the options)
+    for name, _ in per_algo:
+        RunWriter(out / name, overwrite=params["overwrite"])   # only checks: an existing run, a file in the way
     return per_algo
 
 
