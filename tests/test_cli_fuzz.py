@@ -11,18 +11,19 @@ from stalegrad.cli import main
 NUMBERS = ["0", "-1", "nan", "inf", "-inf", "x", "", "1e400", "99999999999999999999999"]
 CHOICES = {
     "--algo": [*ALGORITHMS, "foo"],
-    "--workers": ["1", "2", "3", "0", "-1", "x", "1e3", "100000"],
+    "--workers": ["1", "2", "3", "0", "-1", "x", "1e3", "100000", "99999999999999999999"],
     "--epochs": ["0.05", "0.1", "1e-9", *NUMBERS],
     "--batch-size": ["8", "32", "1000000", *NUMBERS],
     "--lr": ["0.01", "0.1", "1e30", *NUMBERS],
     "--lr-milestones": ["0.02", "0.02,0.04", "2,1", "0.04,0.04", "a,b", *NUMBERS],
-    "--lr-gamma": ["0.5", *NUMBERS],
+    "--lr-gamma": ["0.5", "1e308", *NUMBERS],
     "--eval-every": ["0.05", "0.5", *NUMBERS],
     "--delay": ["uniform", "gamma:2", "gamma:-1", "gamma:nan", "straggler:3", "heterogeneous:sqrt",
-                "heterogeneous:x", "trace:/nonexistent.csv", "trace:", "warp", "exponential"],
-    "--step-time": ["1", "0.5", *NUMBERS],
-    "--runtime": ["sim", "bogus"],
-    "--threads-per-worker": ["1", "0", "x"],
+                "heterogeneous:x", "trace:/nonexistent.csv", "trace:", "warp", "exponential", "gamma:1e-320",
+                "trace:/dev/zero", "straggler:1e300"],
+    "--step-time": ["1", "0.5", "1e308", *NUMBERS],
+    "--runtime": ["sim", "bogus", "local"],
+    "--threads-per-worker": ["1", "0", "x", "100000"],
     "--worker-timeout": ["300", *NUMBERS],
     "--ps-shards": ["1", "2", "0", "x"], "--cpus-per-worker": ["1", *NUMBERS], "--gpus-per-worker": ["0", "1", "-1"],
     "--address": ["auto", "127.0.0.1:1"],
@@ -33,7 +34,7 @@ CHOICES = {
     "--on-nonfinite": ["skip", "stop", "x"],
     "--checkpoint-every": ["0", "3", "-1", "x"],
     "--model": ["logreg", "mlp", "cnn", "resnet20", "x"],
-    "--hidden": ["16", "8,8", "0", "x,y", ""],
+    "--hidden": ["16", "8,8", "0", "x,y", "", "100000000000"],
     "--lam": ["0.04", *NUMBERS], "--lam0": ["2", *NUMBERS], "--eps": ["1e-7", *NUMBERS],
     "--ms-momentum": ["0.95", "1", *NUMBERS], "--momentum": ["0.9", "1.5", *NUMBERS],
     "--weight-decay": ["1e-4", *NUMBERS], "--local-weight-decay": ["1e-4", *NUMBERS],
@@ -42,6 +43,9 @@ CHOICES = {
     "--beta": ["0.9", "1.5", *NUMBERS],
 }
 FLAGS = ["--vectorised", "--overwrite"]
+# The Python names of the options whose flag differs (checkpoint_every, not --checkpoint-every)
+PYTHON_NAMES = __import__("re").compile(r"(?<![\w/.-])(" + "|".join(
+    sorted({k.lstrip("-").replace("-", "_") for k in CHOICES if "-" in k.lstrip("-")})) + r")(?![\w/-])")
 
 options = st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in CHOICES.items()})
 flags = st.lists(st.sampled_from(FLAGS), unique=True)
@@ -68,6 +72,7 @@ def test_random_options_never_give_a_traceback(tmp_path_factory, capsys, opts, e
         assert (out / "summary.json").exists(), args
     elif code == 2:
         assert len(lines) == 1 and lines[0].startswith("stalegrad: error:"), (args, err)
+        assert not PYTHON_NAMES.search(lines[0]), (args, err)   # every parameter named as its flag
         assert not (base / "new").exists(), (args, err)      # nothing created for a refused command
     else:
         assert code == 1 and "NaN or Inf" in err, (args, code, err)
