@@ -141,6 +141,13 @@ class RunConfig:
         if len(test_data.y) == 0:
             raise ConfigError("test_data", "is empty")
         n = len(train_data.y)
+        budget, steps = int(round(self.epochs * n)), self.algorithm.steps_per_message
+        if steps > 1 and steps * self.batch_size > budget:   # the run would be one commit, past its budget
+            raise ConfigError("window", f"is {steps}: one commit of {steps} mini-batches of {self.batch_size} is "
+                                        f"{steps * self.batch_size} samples, more than the whole budget of "
+                                        f"{self.epochs:g} epochs ({budget} samples); give at most window "
+                                        f"{max(1, budget // self.batch_size)}, or more epochs",
+                              self.algorithm.name, mentions=("window",))
         per_worker = n if self.partition == "iid" else n // self.workers
         if self.batch_size > per_worker:
             raise ConfigError("batch_size", f"is {self.batch_size}, larger than each worker's {per_worker} samples "

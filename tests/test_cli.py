@@ -179,6 +179,21 @@ def test_values_that_would_crash_mid_run_are_refused_before_anything_is_written(
     assert err.startswith("stalegrad: error: ") and not out.exists()
 
 
+def test_a_commit_larger_than_the_budget_is_refused_and_the_summary_says_what_ran(tmp_path, capsys):
+    """Issue 17 item 7: --window 2000 --epochs 1 ran 178 epochs; now refused. What runs is reported."""
+    code, _, err = cli(capsys, "train", "--algo", "agn", "--window", 2000, "--epochs", 1, "--quiet",
+                       "--out", tmp_path / "big")
+    assert code == 2 and "agn: --window is 2000: one commit of 2000 mini-batches" in err, err
+    assert "give at most --window 11" in err and not (tmp_path / "big").exists()
+    code, _, err = cli(capsys, "train", "--algo", "agn", "--window", 10, "--epochs", 1, "--quiet",
+                       "--out", tmp_path / "r")
+    assert code == 0, err
+    run = read_run(tmp_path / "r")
+    s, n = run["summary"], run["config"]["train_samples"]
+    assert s["epochs"] == pytest.approx(s["samples"] / n, abs=1e-6)       # the epochs actually run
+    assert n <= s["samples"] < n + 10 * 128                                 # past the budget by less than a commit
+
+
 def test_a_message_names_every_parameter_as_a_flag(tmp_path, capsys):
     """A ConfigError's problem that names a second parameter spells it as a flag too (the API keeps the
     Python name): --probe-every with --checkpoint-every, not checkpoint_every."""
