@@ -91,6 +91,15 @@ class RunConfig:
         lr = default_lr(algo) if self.lr is None else check_finite_positive("lr", self.lr)
         lr_gamma = check_finite_positive("lr_gamma", self.lr_gamma)
         milestones = self._milestones()
+        for k in range(1, len(milestones) + 1):   # every rate of the schedule: LRSchedule computes lr * gamma**k
+            try:
+                scheduled = lr * lr_gamma ** k
+            except OverflowError:
+                scheduled = math.inf
+            if not math.isfinite(scheduled) or scheduled <= 0:
+                raise ConfigError("lr_gamma", f"is {lr_gamma:g}: after milestone {k} the learning rate {lr:g} x "
+                                              f"{lr_gamma:g}^{k} is {scheduled:g}, not a finite number > 0; "
+                                              "give a gamma that keeps it one, e.g. 0.1")
         _choice("partition", self.partition, PARTITIONS)
         _choice("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice("init", self.init, INITS)
@@ -148,6 +157,13 @@ class RunConfig:
         if len(test_data.y) == 0:
             raise ConfigError("test_data", "is empty")
         n = len(train_data.y)
+        budget, steps = int(round(self.epochs * n)), self.algorithm.steps_per_message
+        if steps > 1 and steps * self.batch_size > budget:   # the run would be one commit, past its budget
+            raise ConfigError("window", f"is {steps}: one commit of {steps} mini-batches of {self.batch_size} is "
+                                        f"{steps * self.batch_size} samples, more than the whole budget of "
+                                        f"{self.epochs:g} epochs ({budget} samples); give at most window "
+                                        f"{max(1, budget // self.batch_size)}, or more epochs",
+                              self.algorithm.name, mentions=("window",))
         per_worker = n if self.partition == "iid" else n // self.workers
         if self.batch_size > per_worker:
             raise ConfigError("batch_size", f"is {self.batch_size}, larger than each worker's {per_worker} samples "

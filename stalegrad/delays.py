@@ -11,6 +11,7 @@ import csv
 import math
 import os
 import random
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,10 @@ class DelayModel:
 
     def factor(self, worker: int, rng: random.Random) -> float:
         raise NotImplementedError
+
+    def longest(self, num_workers: int) -> float:
+        """A bound on ``factor`` (for the random models, one no draw exceeds in practice: e^-40)."""
+        return 1.0
 
 
 @dataclass
@@ -45,6 +50,9 @@ class Gamma(DelayModel):
     def factor(self, worker, rng):
         return rng.gammavariate(self.shape, 1.0 / self.shape)
 
+    def longest(self, num_workers):
+        return 40.0 * max(1.0, 1.0 / self.shape) if self.shape > 0 else math.inf
+
 
 @dataclass
 class Exponential(DelayModel):
@@ -53,6 +61,9 @@ class Exponential(DelayModel):
 
     def factor(self, worker, rng):
         return rng.expovariate(1.0)
+
+    def longest(self, num_workers):
+        return 40.0
 
 
 @dataclass
@@ -65,6 +76,9 @@ class Heterogeneous(DelayModel):
         i = worker + 1
         return math.sqrt(i) if self.kind == "sqrt" else float(i)
 
+    def longest(self, num_workers):
+        return self.factor(num_workers - 1, None)
+
 
 @dataclass
 class Straggler(DelayModel):
@@ -75,6 +89,9 @@ class Straggler(DelayModel):
 
     def factor(self, worker, rng):
         return self.slowdown if worker == self.num_workers - 1 else 1.0
+
+    def longest(self, num_workers):
+        return max(1.0, self.slowdown)
 
 
 @dataclass
@@ -98,6 +115,9 @@ class Trace(DelayModel):
         # Only used by synchronous algorithms: a worker's mean recorded step.
         return self.mean_gap.get(worker, 1.0)
 
+    def longest(self, num_workers):
+        return max([1.0, *self.mean_gap.values()])
+
     @property
     def mean_gap(self) -> dict[int, float]:
         if self.wall_s is None:
@@ -110,6 +130,26 @@ class Trace(DelayModel):
         means = {w: sum(g) / len(g) for w, g in gaps.items() if g}
         scale = sum(means.values()) / len(means) if means else 1.0
         return {w: (g / scale if scale > 0 else 1.0) for w, g in means.items()}
+
+
+# The longest virtual step a run may take: a clock of 1e58 such messages still stays a finite float.
+MAX_MESSAGE_S = 1e250
+
+
+def check_clock(delay: DelayModel, step_time: float, steps_per_message: int, num_workers: int) -> None:
+    """ConfigError when the virtual clock could overflow: step time x longest delay factor x steps must
+    stay below MAX_MESSAGE_S (so the clock of any run stays finite)."""
+    longest = delay.longest(num_workers)
+    try:
+        product = step_time * longest * steps_per_message
+    except OverflowError:
+        product = math.inf
+    if not product <= MAX_MESSAGE_S:
+        culprit = "delay" if not longest * steps_per_message <= MAX_MESSAGE_S else "step_time"
+        shown = delay.spec or type(delay).__name__
+        raise ConfigError(culprit, f"makes one message take {product:g} virtual seconds (step_time {step_time:g} x "
+                                   f"the longest step of delay {shown!r}, {longest:g}, x {steps_per_message} steps); "
+                                   f"the virtual clock would overflow: keep it under {MAX_MESSAGE_S:g}")
 
 
 def _bad(spec: str, problem: str) -> ConfigError:
@@ -136,11 +176,24 @@ def write_trace(path: str | Path, rows) -> None:
         raise
 
 
+# A push is one short CSV line (~30 bytes): this is millions of pushes, and what a run can hold in memory.
+MAX_TRACE_BYTES = 256 * 2**20
+
+
 def read_trace(path: str | Path) -> Trace:
     path = Path(path)
     spec = f"trace:{path}"
     try:
-        text = path.read_text()
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):   # /dev/zero, a FIFO, a directory: nothing a recording writes
+            raise _bad(spec, "not a regular file; a trace is a CSV written by --record-trace")
+        if info.st_size > MAX_TRACE_BYTES:
+            raise _bad(spec, f"the trace is {info.st_size / 2**20:.0f} MiB, more than the {MAX_TRACE_BYTES >> 20} "
+                             "MiB a trace may have; keep the pushes you need")
+        with open(path, "rb") as f:   # read no more than the limit, should the file grow meanwhile
+            text = f.read(MAX_TRACE_BYTES + 1).decode()
+        if len(text) > MAX_TRACE_BYTES:
+            raise _bad(spec, f"the trace grew past the {MAX_TRACE_BYTES >> 20} MiB a trace may have")
     except OSError as e:
         raise _bad(spec, f"cannot read the trace ({e.strerror}); record one with "
                          "'stalegrad train --runtime local --record-trace FILE'") from None

@@ -11,10 +11,16 @@ catches that one class and prints its message as one line. Two kinds:
 ``ConfigError`` names the parameter in Python terms (``lr must be > 0``); the
 CLI prints the same message with the flag instead (``--lr must be > 0``), so
 that ``stalegrad.train(lr=-1)`` and ``stalegrad train --lr -1`` say the same.
+Other parameters the message names are spelled the same way: every
+snake_case word of the problem that is a parameter (``checkpoint_every`` ->
+``--checkpoint-every``), and the single words listed in ``mentions``.
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
+
+_SNAKE = re.compile(r"(?<![\w./-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/-])")
 
 
 class StalegradError(Exception):
@@ -35,18 +41,26 @@ class ConfigError(UsageError):
     runtime's name) is put in front: ``dcasgd-a: lam0 must be >= 0``.
     """
 
-    def __init__(self, param: str, problem: str, context: str | None = None):
+    def __init__(self, param: str, problem: str, context: str | None = None, mentions: tuple[str, ...] = ()):
         self.param, self.problem, self.context = param, problem, context
+        self.mentions = tuple(mentions)   # single-word parameters the problem names (snake_case ones are found)
         super().__init__(self.render(param))
 
-    def render(self, name: str) -> str:
-        text = f"{name} {self.problem}"
+    def render(self, name: str, problem: str | None = None) -> str:
+        text = f"{name} {self.problem if problem is None else problem}"
         return f"{self.context}: {text}" if self.context else text
 
     def for_cli(self, flag_of: Callable[[str], str | None]) -> str:
-        """The message with the parameter spelled as its command-line flag, if it has one."""
-        flag = flag_of(self.param)
-        return self.render(flag) if flag else str(self)
+        """The message with the parameter, and every other parameter it names, spelled as its
+        command-line flag where it has one."""
+        def spell(match: re.Match) -> str:
+            return flag_of(match.group(0)) or match.group(0)
+        problem = _SNAKE.sub(spell, self.problem)
+        for other in self.mentions:
+            flag = flag_of(other)
+            if flag:
+                problem = re.sub(rf"(?<![\w-]){re.escape(other)}(?![\w-])", flag, problem)
+        return self.render(flag_of(self.param) or self.param, problem)
 
 
 class RunError(StalegradError, RuntimeError):

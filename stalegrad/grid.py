@@ -129,13 +129,14 @@ def _train_options() -> tuple[dict, dict]:
     return {p.name: p for p in train.params}, {o.lstrip("-"): p.name for p in train.params for o in p.opts}
 
 
-def _check_value(where: str, key: str, v, listy: bool) -> None:
-    ok = (int, float, str, bool)
-    if isinstance(v, list) and not listy:
+def _check_value(where: str, key: str, v, param) -> None:
+    """A value of ``param`` in the grid file, typed as ``stalegrad train --config`` wants it."""
+    from .cli.options import toml_value_problem
+    if isinstance(v, list) and param.callback is None:     # (hidden, lr_milestones take a list)
         raise UsageError(f"{where} {key} is a list: put it in [axes] to make it an axis" if "[fixed]" in where
                          else f"{where} {key}: each value must be a single value, not {v!r}")
-    if not (isinstance(v, ok) or isinstance(v, list) and all(isinstance(x, ok) for x in v)):
-        raise UsageError(f"{where} {key} must be a number, a string, a boolean or a list of them, not {v!r}")
+    if (problem := toml_value_problem(param, v)) is not None:
+        raise UsageError(f"{where} {key} {problem}")
 
 
 def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
@@ -148,8 +149,7 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
         raise UsageError(f"{path}: not valid TOML ({e})") from None
     for key, value in table.items():
         if key not in ("fixed", "axes", "report") or not isinstance(value, dict):
-            raise UsageError(f"{path}: unknown table or key {key!r}; a grid file has the tables [fixed], [axes] "
-                             "and [report]")
+            raise UsageError(f"{path}: unknown table or key {key!r}; the tables are [fixed], [axes] and [report]")
     by_name, flags = _train_options()
     fixed, axes = {}, {}
     for section, out in (("fixed", fixed), ("axes", axes)):
@@ -160,23 +160,23 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
             if name in REFUSED:
                 raise UsageError(f"{where} {key}: not an option of a grid ({REFUSED[name]})")
             if name not in by_name:
-                raise UsageError(f"{where} unknown key {key!r}; keys are the options of 'stalegrad train' "
-                                 "(e.g. epochs, batch_size, lam0), and algos and seeds")
+                known = ", ".join(sorted({*(n for n in by_name if n not in REFUSED), *ALIASES}))
+                raise UsageError(f"{where} unknown key {key!r}; keys are {known}")
             if name in fixed or name in out:
                 raise UsageError(f"{where} {key}: {name} is given twice (fixed or an axis, not both)")
-            listy = by_name[name].callback is not None     # hidden, lr_milestones take a list
             if section == "fixed":
-                _check_value(where, key, value, listy)
+                _check_value(where, key, value, by_name[name])
             else:
                 if not isinstance(value, list):
-                    raise UsageError(f"{where} {key} must be a list of values, e.g. {key} = [{toml_value(value)}]; "
+                    shown = toml_value(value) if isinstance(value, (int, float, str, bool)) else "VALUE, ..."
+                    raise UsageError(f"{where} {key} must be a list of values, e.g. {key} = [{shown}]; "
                                      "or put it in [fixed]")
                 if not value:
                     raise UsageError(f"{where} {key} is empty: list at least one value")
                 for v in value:
-                    if listy and not isinstance(v, (list, str)):
+                    if by_name[name].callback is not None and not isinstance(v, list):
                         raise UsageError(f"{where} {key}: each value is a list, e.g. {key} = [[256, 128], [512]]")
-                    _check_value(where, key, v, listy)
+                    _check_value(where, key, v, by_name[name])
                 dup = next((v for i, v in enumerate(value) if v in value[:i]), None)
                 if dup is not None:
                     raise UsageError(f"{where} {key} lists {toml_value(dup)} twice")
@@ -185,6 +185,8 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
     unknown = [k for k in report if k not in REPORT_KEYS]
     if unknown:
         raise UsageError(f"{path}: [report] unknown key {unknown[0]!r}; keys are {', '.join(REPORT_KEYS)}")
+    if not isinstance(baseline := report.get("baseline", ""), str):
+        raise UsageError(f"{path}: [report] baseline must be an algorithm's name (a string), not {baseline!r}")
     target = report.get("target", 1)
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
         raise UsageError(f"{path}: [report] target must be a test accuracy in (0, 1], got {target!r}")
@@ -255,7 +257,7 @@ def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
                 gpu = not here and re.fullmatch(r"cuda(:\d+)?", str(cell.params["device"]))
                 check_options(cell.algo, dict(cell.params, device="cpu") if gpu else cell.params)
             except UsageError as e:
-                msg = " ".join(str(e).replace(f"--config {f}: ", "").split())
+                msg = " ".join(str(e).replace(f"{f}: ", "").split())
                 raise UsageError(f"{path}: cell {cell.name}: {msg}") from None
     return Grid(Path(path), fixed, axes, report, cells)
 

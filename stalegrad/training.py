@@ -24,6 +24,7 @@ from .config import RunConfig, default_lr  # noqa: F401  (default_lr: part of th
 from .errors import ConfigError
 from .models.init import initialise
 from .progress import Progress, count, make_progress
+from .resources import check_memory
 from .runtimes.base import Evaluator
 from .schedules import LRSchedule
 from .server import ParameterServer, StalenessLog
@@ -339,6 +340,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
     torch.manual_seed(config.seed)
     num_classes = int(getattr(train_data, "num_classes", int(train_data.y.max()) + 1))
     module = _resolve_model(model, tuple(train_data.x.shape[1:]), num_classes)
+    check_memory(config, module, train_data, test_data)   # the workers' and the server's copies must fit
     untouched = initialise(module, config.init)
     resolved = config.to_dict()
     resolved.update(runtime=runtime.describe(), train_samples=len(train_data.y), test_samples=len(test_data.y))

@@ -87,6 +87,37 @@ def test_compare_prints_a_table(tmp_path, capsys):
     assert "| sgd | 1 |" in out and "| agn | 3 |" in out
 
 
+COMPARE = ["compare", "--dataset", "synthetic", "--model", "logreg", "--epochs", 0.2, "--batch-size", 32, "--quiet"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--algos", "asgd,asgd"], "--algos lists asgd twice"),
+    (["--algos", "sgd,asgd", "--lam", "0.1"], "--lam applies to none of the compared algorithms (sgd, asgd)"),
+    (["--algos", "sgd,asgd,agn", "--window", "0"], "agn: --window must be a positive integer"),
+    (["--algos", "sgd,dcasgd-a", "--ms-momentum", "1.5"], "dcasgd-a: --ms-momentum must be in [0, 1)"),
+    # sgd's one worker has every sample; asgd's four have a quarter each: found before sgd trains
+    (["--algos", "sgd,asgd", "--workers", "4", "--batch-size", "2000"], "--batch-size is 2000, larger than each worker's"),
+])
+def test_compare_checks_every_run_before_the_first_trains(tmp_path, capsys, args, needle):
+    """Issue 17 item 6: a mistake in any run of a comparison stops it before the first run trains."""
+    out = tmp_path / "cmp"
+    code, _, err = cli(capsys, *COMPARE, *args, "--out", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not out.exists()
+
+
+def test_compare_checks_every_output_directory_first(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    (out / "asgd").mkdir(parents=True)
+    (out / "asgd" / "summary.json").write_text("{}")
+    code, _, err = cli(capsys, *COMPARE, "--algos", "sgd,asgd", "--out", out)
+    assert code == 2 and f"--out {out / 'asgd'}: already holds a run" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["asgd"]      # sgd did not train first
+    (tmp_path / "file").write_text("x")
+    code, _, err = cli(capsys, *COMPARE, "--algos", "sgd,asgd", "--out", tmp_path / "file")
+    assert code == 2 and "is a file" in err, err
+
+
 def test_algorithms_lists_every_rule_and_default(capsys):
     code, out, _ = cli(capsys, "algorithms")
     assert code == 0
@@ -131,6 +162,47 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--lr-gamma", "1e308", "--lr-milestones", "0.1,0.2"], "--lr-gamma is 1e+308: after milestone 2"),
+    (["--hidden", "100000000000"], "parameters x"),
+    (["--workers", "99999999999999999999", "--partition", "iid"], "the run needs about"),
+    (["--runtime", "local", "--threads-per-worker", "100000"], "--threads-per-worker is 100000, more than"),
+    (["--delay", "gamma:1e-320"], "--delay makes one message take inf virtual seconds"),
+    (["--step-time", "1e308"], "--step-time makes one message take 1e+308 virtual seconds"),
+    (["--delay", "trace:/dev/zero"], "not a regular file"),
+])
+def test_values_that_would_crash_mid_run_are_refused_before_anything_is_written(tmp_path, capsys, args, needle):
+    """Issue 17 item 8: each of these passed the checks and then crashed or ran forever mid-run."""
+    out = tmp_path / "r"
+    code, _, err = cli(capsys, "train", "--dataset", "synthetic", "--epochs", 0.1, *args, "--quiet", "--out", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert err.startswith("stalegrad: error: ") and not out.exists()
+
+
+def test_a_commit_larger_than_the_budget_is_refused_and_the_summary_says_what_ran(tmp_path, capsys):
+    """Issue 17 item 7: --window 2000 --epochs 1 ran 178 epochs; now refused. What runs is reported."""
+    code, _, err = cli(capsys, "train", "--algo", "agn", "--window", 2000, "--epochs", 1, "--quiet",
+                       "--out", tmp_path / "big")
+    assert code == 2 and "agn: --window is 2000: one commit of 2000 mini-batches" in err, err
+    assert "give at most --window 11" in err and not (tmp_path / "big").exists()
+    code, _, err = cli(capsys, "train", "--algo", "agn", "--window", 10, "--epochs", 1, "--quiet",
+                       "--out", tmp_path / "r")
+    assert code == 0, err
+    run = read_run(tmp_path / "r")
+    s, n = run["summary"], run["config"]["train_samples"]
+    assert s["epochs"] == pytest.approx(s["samples"] / n, abs=1e-6)       # the epochs actually run
+    assert n <= s["samples"] < n + 10 * 128                                 # past the budget by less than a commit
+
+
+def test_a_message_names_every_parameter_as_a_flag(tmp_path, capsys):
+    """A ConfigError's problem that names a second parameter spells it as a flag too (the API keeps the
+    Python name): --probe-every with --checkpoint-every, not checkpoint_every."""
+    code, _, err = cli(capsys, "train", "--dataset", "synthetic", "--probe-every", 2, "--checkpoint-every", 3,
+                       "--quiet", "--out", tmp_path / "r")
+    assert code == 2 and "--probe-every cannot be combined with --checkpoint-every" in err, err
+    assert "checkpoint_every" not in err
+
+
 def test_bad_config_keys_and_values(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text("colour = 3\n")
@@ -145,18 +217,31 @@ def test_bad_config_keys_and_values(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("line,needle", [
-    ("workers = [1, 2]", "workers must be a single value"), ("epochs = {a = 1}", "epochs must be a single value"),
-    ('hidden = ["a"]', "hidden: expected comma-separated sizes"),
-    ('lr_milestones = ["x"]', "lr_milestones: expected comma-separated numbers"),
+    ("workers = [1, 2]", "workers must be an integer, not [1, 2]"),
+    ("epochs = {a = 1}", "epochs must be a number, not {'a': 1}"),
+    ('hidden = ["a"]', "hidden must be a list of integers"),
+    ('lr_milestones = ["x"]', "lr_milestones must be a list of numbers"),
     ("epochs = inf", "--epochs must be a finite number > 0, got inf"), ("lr = nan", "--lr must be a finite number"),
     ("train = 5", "unknown key 'train'"), ("seed = 1.5", "seed"), ('lam0 = "a"', "lam0"),
+    # strict types (issue 17 item 5): no dates, no numbers in strings, no number for a path, no 1 for true
+    ("epochs = 1970-01-01", "epochs must be a number, not 1970-01-01"),
+    ("epochs = 07:32:00", "epochs must be a number, not 07:32:00"),
+    ('lr = "0.1"', "lr must be a number, not '0.1'"), ("data_dir = 5", "data_dir must be a string"),
+    ("vectorised = 1", "vectorised must be true or false"), ('hidden = "8,8"', "hidden must be a list of integers"),
+    ('delay = ["uniform"]', "delay must be a string"), ("init = 3", "init must be a string (in quotes) (one of torch"),
+    ("seed = true", "seed must be an integer"),
+    # no table but [train]; no keys beside it, which it would silently override
+    ("[x]\ny = 1", "unknown table [x]"), ("workers = 2\n[train]\nworkers = 3", "workers is outside the [train] table"),
+    ("[other]\nx = 1", "unknown table [other]"), ("[train]\n[train.x]\ny = 1", "unknown table [train.x]"),
     ("lr_milestones = [2, 1]", "--lr-milestones must be increasing"),
 ])
 def test_config_values_of_the_wrong_shape_are_one_line(tmp_path, capsys, line, needle):
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'algo = "dcasgd-a"\n{line}\n')
+    cfg.write_text(f'algo = "dcasgd-a"\n{line}\n' if "\n[" not in f"\n{line}" else f"{line}\n")
     code, _, err = cli(capsys, "train", "--config", cfg, "--out", tmp_path / "r")
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    if "--" not in needle:   # the file's own mistakes name the file
+        assert err.startswith(f"stalegrad: error: {cfg}: "), err
     assert not (tmp_path / "r").exists()
 
 

@@ -2,7 +2,7 @@
 command leaves no new directory. (A run that starts and then fails, e.g. a NaN under
 --on-nonfinite stop, exits 1 with one line; that is allowed too.)"""
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from stalegrad.algorithms import ALGORITHMS
@@ -11,18 +11,19 @@ from stalegrad.cli import main
 NUMBERS = ["0", "-1", "nan", "inf", "-inf", "x", "", "1e400", "99999999999999999999999"]
 CHOICES = {
     "--algo": [*ALGORITHMS, "foo"],
-    "--workers": ["1", "2", "3", "0", "-1", "x", "1e3", "100000"],
+    "--workers": ["1", "2", "3", "0", "-1", "x", "1e3", "100000", "99999999999999999999"],
     "--epochs": ["0.05", "0.1", "1e-9", *NUMBERS],
     "--batch-size": ["8", "32", "1000000", *NUMBERS],
     "--lr": ["0.01", "0.1", "1e30", *NUMBERS],
     "--lr-milestones": ["0.02", "0.02,0.04", "2,1", "0.04,0.04", "a,b", *NUMBERS],
-    "--lr-gamma": ["0.5", *NUMBERS],
+    "--lr-gamma": ["0.5", "1e308", *NUMBERS],
     "--eval-every": ["0.05", "0.5", *NUMBERS],
     "--delay": ["uniform", "gamma:2", "gamma:-1", "gamma:nan", "straggler:3", "heterogeneous:sqrt",
-                "heterogeneous:x", "trace:/nonexistent.csv", "trace:", "warp", "exponential"],
-    "--step-time": ["1", "0.5", *NUMBERS],
-    "--runtime": ["sim", "bogus"],
-    "--threads-per-worker": ["1", "0", "x"],
+                "heterogeneous:x", "trace:/nonexistent.csv", "trace:", "warp", "exponential", "gamma:1e-320",
+                "trace:/dev/zero", "straggler:1e300"],
+    "--step-time": ["1", "0.5", "1e308", *NUMBERS],
+    "--runtime": ["sim", "bogus", "local"],
+    "--threads-per-worker": ["1", "0", "x", "100000"],
     "--worker-timeout": ["300", *NUMBERS],
     "--ps-shards": ["1", "2", "0", "x"], "--cpus-per-worker": ["1", *NUMBERS], "--gpus-per-worker": ["0", "1", "-1"],
     "--address": ["auto", "127.0.0.1:1"],
@@ -33,7 +34,7 @@ CHOICES = {
     "--on-nonfinite": ["skip", "stop", "x"],
     "--checkpoint-every": ["0", "3", "-1", "x"],
     "--model": ["logreg", "mlp", "cnn", "resnet20", "x"],
-    "--hidden": ["16", "8,8", "0", "x,y", ""],
+    "--hidden": ["16", "8,8", "0", "x,y", "", "100000000000"],
     "--lam": ["0.04", *NUMBERS], "--lam0": ["2", *NUMBERS], "--eps": ["1e-7", *NUMBERS],
     "--ms-momentum": ["0.95", "1", *NUMBERS], "--momentum": ["0.9", "1.5", *NUMBERS],
     "--weight-decay": ["1e-4", *NUMBERS], "--local-weight-decay": ["1e-4", *NUMBERS],
@@ -42,6 +43,9 @@ CHOICES = {
     "--beta": ["0.9", "1.5", *NUMBERS],
 }
 FLAGS = ["--vectorised", "--overwrite"]
+# The Python names of the options whose flag differs (checkpoint_every, not --checkpoint-every)
+PYTHON_NAMES = __import__("re").compile(r"(?<![\w/.-])(" + "|".join(
+    sorted({k.lstrip("-").replace("-", "_") for k in CHOICES if "-" in k.lstrip("-")})) + r")(?![\w/-])")
 
 options = st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in CHOICES.items()})
 flags = st.lists(st.sampled_from(FLAGS), unique=True)
@@ -68,6 +72,94 @@ def test_random_options_never_give_a_traceback(tmp_path_factory, capsys, opts, e
         assert (out / "summary.json").exists(), args
     elif code == 2:
         assert len(lines) == 1 and lines[0].startswith("stalegrad: error:"), (args, err)
+        assert not PYTHON_NAMES.search(lines[0]), (args, err)   # every parameter named as its flag
         assert not (base / "new").exists(), (args, err)      # nothing created for a refused command
     else:
         assert code == 1 and "NaN or Inf" in err, (args, code, err)
+
+
+# ---- TOML files: --config of train and compare, and grid files (issue 17 item 5) ------------------------
+# What each key's value must be, written here independently of the code under test: the oracle.
+KINDS = {"workers": "int", "epochs": "number", "batch-size": "int", "lr": "number", "lr_milestones": "numbers",
+         "lr-gamma": "number", "delay": "string", "step_time": "number", "vectorised": "flag", "runtime": "string",
+         "seed": "int", "data-dir": "string", "hidden": "ints", "eval_every": "number", "window": "int",
+         "lam0": "number", "device": "string", "init": "string", "partition": "string", "quiet": None,
+         "colour": None}   # None: not a key of a config file at all
+WELL_TYPED = {
+    "int": lambda v: type(v) is int,
+    "number": lambda v: type(v) in (int, float),
+    "string": lambda v: type(v) is str,
+    "flag": lambda v: type(v) is bool,
+    "ints": lambda v: type(v) is list and all(type(x) is int for x in v),
+    "numbers": lambda v: type(v) is list and all(type(x) in (int, float) for x in v),
+    None: lambda v: False,
+}
+scalars = st.one_of(st.integers(-3, 10**20), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                    st.sampled_from(["uniform", "0.1", "", "x", "cpu", "trace:/dev/zero", "256,128"]),
+                    st.dates(), st.times(), st.datetimes())
+values = st.one_of(scalars, st.lists(st.one_of(st.integers(0, 300), st.floats(0.01, 100), st.just("a")), max_size=3),
+                   st.just({"a": 1}))
+
+
+def toml_text(v) -> str:
+    import datetime
+    from stalegrad.grid import toml_value
+    if isinstance(v, (datetime.date, datetime.time)):
+        return v.isoformat()
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_text(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_text(x) for x in v) + "]"
+    return toml_value(v)
+
+
+documents = st.dictionaries(st.sampled_from(sorted(KINDS)), values, min_size=1, max_size=4)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(doc=documents, command=st.sampled_from(["train", "compare"]),
+       layout=st.sampled_from(["flat", "train", "flat+train", "other"]))
+def test_random_config_files_are_typed_strictly(tmp_path_factory, capsys, doc, command, layout):
+    base = tmp_path_factory.mktemp("toml")
+    lines = [f"{k} = {toml_text(v)}" for k, v in doc.items()]
+    text = {"flat": "\n".join(lines), "train": "[train]\n" + "\n".join(lines),
+            "flat+train": "\n".join(lines) + "\n[train]\nseed = 1", "other": "\n".join(lines) + "\n[other]\nx = 1"}
+    cfg = base / "c.toml"
+    cfg.write_text(text[layout] + "\n")
+    out = base / "new" / "run"
+    # --batch-size 0 on the command line: a file that passes every check still stops before any training
+    code = main([command, "--config", str(cfg), "--batch-size", "0", "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err
+    lines_err = err.strip().splitlines()
+    assert code == 2 and len(lines_err) == 1 and lines_err[0].startswith("stalegrad: error:"), (text[layout], err)
+    assert "Traceback" not in err and not (base / "new").exists(), err
+    bad = [k for k, v in doc.items() if not WELL_TYPED[KINDS[k]](v)]
+    if bad or layout in ("flat+train", "other"):
+        assert lines_err[0].startswith(f"stalegrad: error: {cfg}: "), (text[layout], err)
+        if layout in ("flat", "train"):   # the first mistake in the file is named
+            assert f" {bad[0]} " in lines_err[0] or f"'{bad[0]}'" in lines_err[0], (text[layout], err)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@example(fixed={"seed": 0}, axis="workers", axis_values=__import__("datetime").date(1970, 1, 1), report={})
+@example(fixed={"epochs": __import__("datetime").time(7, 32)}, axis="seed", axis_values=[0], report={"baseline": 1})
+@given(fixed=documents, axis=st.sampled_from(sorted(k for k, kind in KINDS.items() if kind)), axis_values=values,
+       report=st.dictionaries(st.sampled_from(["target", "baseline", "colour"]), scalars, max_size=2))
+def test_random_grid_files_are_typed_strictly(tmp_path_factory, capsys, fixed, axis, axis_values, report):
+    base = tmp_path_factory.mktemp("gridtoml")
+    fixed = {k: v for k, v in fixed.items() if k != axis}
+    path = base / "g.toml"
+    path.write_text("[fixed]\n" + "".join(f"{k} = {toml_text(v)}\n" for k, v in fixed.items())
+                    + f"[axes]\n{axis} = {toml_text(axis_values)}\n[report]\n"
+                    + "".join(f"{k} = {toml_text(v)}\n" for k, v in report.items()))
+    code = main(["grid", str(path), "--dry-run", "--out", str(base / "new")])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not (base / "new").exists(), err
+    assert code in (0, 2), err
+    bad_fixed = [k for k, v in fixed.items() if not WELL_TYPED[KINDS[k]](v) and not isinstance(v, list)]
+    if bad_fixed:
+        assert code == 2 and err.startswith(f"stalegrad: error: {path}: [fixed] "), err
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("stalegrad: error: "), err

@@ -33,6 +33,8 @@ MISTAKES = [
     ({"batch_size": 0}, ["--batch-size", "0"], "--batch-size"),
     ({"checkpoint_every": -1}, ["--checkpoint-every", "-1"], "--checkpoint-every"),
     ({"device": "tpu"}, ["--device", "tpu"], "--device"),
+    ({"lr_gamma": 1e308, "lr_milestones": (0.1, 0.2)}, ["--lr-gamma", "1e308", "--lr-milestones", "0.1,0.2"],
+     "--lr-gamma"),
 ]
 
 
@@ -199,3 +201,42 @@ def test_the_readme_error_example_runs_as_written():
     with pytest.raises(ConfigError) as e:
         sg.train("mlp", train, test, lr=-1.0)
     assert str(e.value) == "lr must be a finite number > 0, got -1.0"
+
+
+def test_a_second_parameter_is_named_in_python_terms_by_the_api():
+    with pytest.raises(ConfigError) as info:
+        sg.train("logreg", TRAIN, TEST, algorithm="asgd", workers=2, batch_size=8, probe_every=2,
+                 checkpoint_every=3, checkpoint_path="x.pt")
+    assert "checkpoint_every" in str(info.value) and "--" not in str(info.value)
+    flags = {"probe_every": "--probe-every", "checkpoint_every": "--checkpoint-every", "window": "--window"}
+    assert info.value.for_cli(flags.get).startswith("--probe-every cannot be combined with --checkpoint-every")
+    named = ConfigError("epochs", "is too short for one window of data_dir/window_x.csv", mentions=("window",))
+    assert named.for_cli(flags.get) == "epochs is too short for one --window of data_dir/window_x.csv"
+
+
+def test_memory_for_the_workers_copies_is_estimated_and_refused(monkeypatch):
+    """Issue 17 item 8: what cannot fit in the available memory is refused before anything is allocated,
+    with the estimate in the message; the estimate grows with the copies the algorithm keeps."""
+    from stalegrad import resources
+    with pytest.raises(UsageError, match=r"the run needs about .* x 200,000,000,000,000,000,000 copies"):
+        sg.train("logreg", TRAIN, TEST, algorithm="asgd", workers=10**20, partition="iid", batch_size=8)
+    dc = resources.memory_estimate(make_algorithm("dcasgd-a"), 8, 1000, 4, 0)
+    asgd = resources.memory_estimate(make_algorithm("asgd"), 8, 1000, 4, 0)
+    agn = resources.memory_estimate(make_algorithm("agn"), 8, 1000, 4, 0)
+    assert dc["server_copies"] == asgd["server_copies"] + 2 * 8      # a snapshot and a mean square per worker
+    assert agn["worker_copies"] == asgd["worker_copies"] + 2          # Adam's two moments per worker
+    monkeypatch.setattr(resources, "available_memory", lambda: 10_000)
+    with pytest.raises(UsageError, match=r"more than the 9.77 KiB available"):
+        sg.train("logreg", TRAIN, TEST, algorithm="asgd", workers=2, batch_size=8)
+
+
+def test_a_trace_is_a_regular_file_of_bounded_size(tmp_path, monkeypatch):
+    from stalegrad import delays
+    trace = tmp_path / "t.csv"
+    trace.write_text("worker\n" + "0\n1\n" * 100)
+    assert delays.read_trace(trace).workers[:3] == [0, 1, 0]
+    with pytest.raises(ConfigError, match="not a regular file"):
+        delays.read_trace("/dev/zero")
+    monkeypatch.setattr(delays, "MAX_TRACE_BYTES", 100)
+    with pytest.raises(ConfigError, match="more than the"):
+        delays.read_trace(trace)

@@ -154,40 +154,113 @@ def run_options(f):
     return f
 
 
+def _expected_kind(param: click.Parameter) -> str:
+    """What a TOML value of ``param`` must be: 'flag', 'int', 'number', 'ints', 'numbers' or 'string'."""
+    if param.callback is _csv_ints:
+        return "ints"
+    if param.callback is _csv_floats:
+        return "numbers"
+    if getattr(param, "is_flag", False):
+        return "flag"
+    if isinstance(param.type, click.types.IntParamType):
+        return "int"
+    if isinstance(param.type, click.types.FloatParamType):
+        return "number"
+    return "string"
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_KIND_TEXT = {"flag": "true or false", "int": "an integer", "number": "a number",
+              "ints": "a list of integers, e.g. [256, 128]", "numbers": "a list of numbers, e.g. [80, 120]",
+              "string": "a string (in quotes)"}
+
+
+def toml_value_problem(param: click.Parameter, value) -> str | None:
+    """Why ``value`` (as tomllib reads it) cannot be the value of ``param``, or None: types are strict
+    (no "0.1" for a number, no 5 for a path, no date, a list only where the option takes one)."""
+    kind = _expected_kind(param)
+    ok = {"flag": lambda v: isinstance(v, bool),
+          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "number": _is_number,
+          "ints": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+          "numbers": lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
+          "string": lambda v: isinstance(v, str)}[kind](value)
+    if ok:
+        return None
+    shown = value.isoformat() if hasattr(value, "isoformat") else repr(value)
+    choices = getattr(param.type, "choices", None)
+    hint = f" (one of {', '.join(map(str, choices))})" if choices else ""
+    return f"must be {_KIND_TEXT[kind]}{hint}, not {shown}"
+
+
+CONFIG_TABLE = "train"   # a config file holds its keys at the top level or in one [train] table
+
+
+def read_config_table(path: str, is_option=lambda key: False) -> dict:
+    """The options of a --config file, keys as written; UsageError naming the file for a file that cannot
+    be read, is not TOML, or holds a table other than [train] or keys both in and outside it."""
+    try:
+        with open(path, "rb") as fh:
+            table = tomllib.load(fh)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not valid TOML ({e})") from None
+    tables = [k for k, v in table.items() if isinstance(v, dict) and not is_option(k)]   # (an option's
+    # inline table is a value of the wrong type: apply_config_file says so)
+    for key in tables:
+        if key != CONFIG_TABLE:
+            raise UsageError(f"{path}: unknown table [{key}]; a config file holds options at the top level "
+                             f"or in one [{CONFIG_TABLE}] table")
+    if CONFIG_TABLE in table and not isinstance(table[CONFIG_TABLE], dict):
+        raise UsageError(f"{path}: unknown key {CONFIG_TABLE!r}; [{CONFIG_TABLE}] is a table of options, "
+                         "not a value")
+    if tables:
+        outside = [k for k in table if k != CONFIG_TABLE]
+        if outside:
+            raise UsageError(f"{path}: {outside[0]} is outside the [{CONFIG_TABLE}] table, which holds the "
+                             f"options; put every option in [{CONFIG_TABLE}] or write none of them in a table")
+        table = table[CONFIG_TABLE]
+        nested = [k for k, v in table.items() if isinstance(v, dict) and not is_option(k)]
+        if nested:
+            raise UsageError(f"{path}: unknown table [{CONFIG_TABLE}.{nested[0]}]; [{CONFIG_TABLE}] holds "
+                             "options only")
+    return table
+
+
+NOT_IN_CONFIG = ("config_file", "overwrite", "quiet", "resume")
+
+
 def apply_config_file(ctx: click.Context, params: dict) -> dict:
     """Fill every option not given on the command line from --config."""
     path = params.pop("config_file", None)
     if not path:
         return params
-    try:
-        with open(path, "rb") as fh:
-            table = tomllib.load(fh)
-    except OSError as e:
-        raise UsageError(f"--config {path}: cannot read it ({e.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"--config {path}: not valid TOML ({e})") from None
-    if isinstance(table.get("train"), dict):   # either flat keys or a [train] table
-        table = table["train"]
     by_name = {p.name: p for p in ctx.command.params}
     flag_names = {opt.lstrip("-"): p.name for p in ctx.command.params for opt in p.opts}
+
+    def option(key: str) -> str:
+        return flag_names.get(key.replace("_", "-"), key.replace("-", "_"))
+    table = read_config_table(path, lambda key: key != CONFIG_TABLE and option(key) in by_name)
+    known = sorted(n.replace("_", "-") for n in by_name if n not in NOT_IN_CONFIG)
     for key, value in table.items():
-        name = flag_names.get(key.replace("_", "-"), key.replace("-", "_"))
-        if name not in by_name or name in ("config_file", "overwrite", "quiet", "resume"):
-            raise UsageError(f"--config {path}: unknown key {key!r}; keys are the flag names, e.g. algo, workers, lam0")
+        name = option(key)
+        if name not in by_name or name in NOT_IN_CONFIG:
+            raise UsageError(f"{path}: unknown key {key!r}; keys are the flag names of "
+                             f"'stalegrad {ctx.command.name}': {', '.join(known)}")
+        param = by_name[name]
+        problem = toml_value_problem(param, value)
+        if problem is not None:
+            raise UsageError(f"{path}: {key} {problem}")
         if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
             continue
-        param = by_name[name]
-        listy = param.callback is not None   # --hidden and --lr-milestones take lists
-        if isinstance(value, dict) or (isinstance(value, list) and not listy):
-            raise UsageError(f"--config {path}: {key} must be a single value, not {value!r}")
-        if isinstance(param.type, click.types.IntParamType) and isinstance(value, (float, bool)):
-            raise UsageError(f"--config {path}: {key} must be an integer, not {value!r}")
-        if isinstance(value, bool) and not getattr(param, "is_flag", False):
-            raise UsageError(f"--config {path}: {key} must be a value, not {value!r}")
         try:
-            value = param.callback(ctx, param, value) if listy else param.type_cast_value(ctx, value)
+            value = param.callback(ctx, param, value) if param.callback else param.type_cast_value(ctx, value)
         except click.BadParameter as e:
-            raise UsageError(f"--config {path}: {key}: {e.message}") from None
+            raise UsageError(f"{path}: {key}: {e.message}") from None
         params[name] = value
     return params
 

@@ -41,14 +41,18 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
 
     from ..checkpoint import CHECKPOINT_FILE
     from ..models import build_model
+    from ..resources import check_memory, meta_model
     from ..rundir import RunWriter
     from ..training import train
 
     config, runtime = check_options(algo_name, params)
     config.check_data(train_set, test_set)
     shape, classes = tuple(train_set.x.shape[1:]), train_set.num_classes
+    def build():
+        return build_model(params["model"], shape, classes, hidden=params["hidden"])
+    check_memory(config, meta_model(build), train_set, test_set)    # a model too large is refused, not built
     torch.manual_seed(config.seed)
-    module = build_model(params["model"], shape, classes, hidden=params["hidden"])
+    module = build()
     checkpoint_path = out / CHECKPOINT_FILE
     model_spec = {"name": params["model"], "input_shape": list(shape), "num_classes": classes,
                   "hidden": list(params["hidden"]) if params["hidden"] else None}
@@ -200,23 +204,14 @@ def compare(ctx, algos, out, **params):
                          f"choose from {', '.join(ALGORITHMS)}")
     if params.get("record_trace") is not None:
         raise UsageError("--record-trace records one run: use it with 'stalegrad train'")
-    workers = params["workers"]
-    per_algo = []
-    for name in names:
-        p = dict(params)
-        p["workers"] = 1 if ALGORITHMS[name].sequential else workers
-        # Parameters of other algorithms in the comparison are not errors here.
-        own = {f.name for f in ALGORITHMS[name].hyperparameters()}
-        for k in ALGO_FLAGS:
-            if k not in own:
-                p[k] = None
-        check_options(name, p)     # every run's options checked before the first one starts
-        per_algo.append((name, p))
+    out = Path(out)
+    per_algo = _check_compare(names, params, out)   # every run checked before the first one starts
     from ..metrics import temporal_efficiency
     from ..results import write_json
 
     train_set, test_set = load_data(params)
-    out = Path(out)
+    for name, p in per_algo:
+        build_config(name, p).check_data(train_set, test_set)
     rows, curves = [], {}
     for name, p in per_algo:
         board = params.get("tensorboard")
@@ -233,6 +228,37 @@ def compare(ctx, algos, out, **params):
     table = _table(rows, params, base)
     (out / "comparison.md").write_text(table + "\n")
     click.echo(table)
+
+
+def _check_compare(names: list[str], params: dict, out: Path) -> list[tuple[str, dict]]:
+    """Every run of a comparison checked before the first one trains: no algorithm twice, no algorithm
+    flag that none of them takes, each one's options, and each one's output directory OUT/ALGO."""
+    from ..algorithms import renamed
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise UsageError(f"--algos lists {twice} twice; each algorithm runs once, into --out/{twice}")
+    owns = {n: {f.name for f in ALGORITHMS[n].hyperparameters()} for n in names}
+    for key, (flag, _, _) in ALGO_FLAGS.items():
+        if params.get(key) is not None and not any(key in own or renamed(ALGORITHMS[n], key) for n, own in owns.items()):
+            takers = [n for n, c in ALGORITHMS.items() if key in {f.name for f in c.hyperparameters()}]
+            raise UsageError(f"{flag} applies to none of the compared algorithms ({', '.join(names)}); it is a "
+                             f"parameter of {', '.join(takers)}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory; choose another path")
+    per_algo = []
+    for name in names:
+        p = dict(params)
+        p["workers"] = 1 if ALGORITHMS[name].sequential else params["workers"]
+        # Parameters of other algorithms in the comparison are not errors here.
+        for k in ALGO_FLAGS:
+            if k not in owns[name] and not renamed(ALGORITHMS[name], k):
+                p[k] = None
+        check_options(name, p)
+        per_algo.append((name, p))
+    from ..rundir import RunWriter   # (imports torch: not for a mistake in the options)
+    for name, _ in per_algo:
+        RunWriter(out / name, overwrite=params["overwrite"])   # only checks: an existing run, a file in the way
+    return per_algo
 
 
 def _table(rows: list[dict], params: dict, base: str) -> str:

@@ -12,7 +12,7 @@ import random
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..delays import DelayModel, Trace, parse_delay
+from ..delays import DelayModel, Trace, check_clock, parse_delay
 from ..errors import ConfigError, check_finite_positive
 from .base import Training
 from .events import EventLoop, Replay
@@ -52,8 +52,8 @@ class Simulator:
 
     def check(self, config) -> None:
         """Refuse a delay model that does not fit the run (before anything runs)."""
-        if isinstance(self.delay, str):
-            parse_delay(self.delay, config.workers)
+        delay = parse_delay(self.delay, config.workers) if isinstance(self.delay, str) else self.delay
+        check_clock(delay, self.step_time, config.algorithm.steps_per_message, config.workers)
 
     def describe(self) -> dict:
         spec = self.delay if isinstance(self.delay, str) else self.delay.spec

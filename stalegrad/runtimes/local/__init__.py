@@ -64,6 +64,9 @@ class LocalRuntime:
         t = self.threads_per_worker
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
             raise ConfigError("threads_per_worker", f"must be a positive integer, got {t!r}")
+        if t is not None and t > cores():   # more threads than cores only slow a worker; thousands crash it
+            raise ConfigError("threads_per_worker", f"is {t}, more than this machine's {cores()} cores; "
+                                                    f"give at most {cores()}")
         check_start_method(self.start_method)
         self.stats: dict = {}
         self.pids: dict = {"workers": [], "evaluator": None}

@@ -20,6 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ...errors import ConfigError
+from ...resources import available_memory  # noqa: F401  (re-exported: the local runtime's own check)
 
 START_METHODS = ("forkserver", "spawn")
 # what the fork server imports once, so that each child it forks has it already
@@ -36,23 +37,6 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:   # not Linux
         return os.cpu_count() or 1
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new processes (Linux's MemAvailable, else the free pages);
-    None where neither can be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-    return pages * size if pages > 0 and size > 0 else None
 
 
 def default_start_method() -> str:
