@@ -281,13 +281,13 @@ class GridRun:
         self.records = {c.name: {"name": c.name, "dir": f"runs/{c.name}", "algo": c.algo, "axes": c.axes,
                                  "options": c.options, "status": "pending", "exit_code": None, "run_s": None,
                                  "reason": None} for c in grid.cells}
-        self.times, self.started = [], _now()     # the run times of this invocation's cells
+        self.times, self.started = [], time.strftime("%FT%T%z")     # the run times of this invocation's cells
 
     def write(self) -> None:
         from .results import write_json
         st = [r["status"] for r in self.records.values()]
         write_json(self.out / "grid.json", {
-            "file": str(self.grid.path), "started": self.started, "updated": _now(), "jobs": self.jobs,
+            "file": str(self.grid.path), "started": self.started, "updated": time.strftime("%FT%T%z"), "jobs": self.jobs,
             "threads_per_job": self.threads, "fixed": self.grid.fixed, "axes": self.grid.axes,
             "report": self.grid.report, "counts": {s: st.count(s) for s in dict.fromkeys(st)},
             "cells": list(self.records.values())})
@@ -385,10 +385,6 @@ class GridRun:
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
         return self.records
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

@@ -15,10 +15,11 @@ from .errors import UsageError
 from .metrics import temporal_efficiency
 from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
 from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
-from .results import DamagedRun, atomic_write, read_run, write_json
+from .results import DamagedRun, atomic_write, flat_config, read_run, write_json
 
 # Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
-IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace", "probe_every", "probes")   # probes change nothing
+IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace", "probe_every", "probes",   # probes change nothing
+           "threads", "numerics")   # the simulator's bits do not depend on its threads
 VARIANTS = ("central", "workers")
 WINDOW_S = 5.0          # the workers variant: training accuracy averaged over windows of real time
 TARGET_FRACTION = 0.9   # default target: 0.9 x the best group's mean best test accuracy
@@ -52,32 +53,6 @@ def find_runs(paths) -> list[Path]:
     if not found:
         raise ReportError("no run directory given")
     return found
-
-
-def _hashable(v):
-    if isinstance(v, list | tuple):
-        return tuple(_hashable(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
-    return v
-
-
-def flat_config(cfg: dict) -> tuple[dict, set]:
-    """config.json as one flat dict (``algo``, its parameters, ``runtime``, ``delay``, ...), and the
-    names that are the algorithm's parameters."""
-    out, algo_keys = {}, set()
-    for k, v in cfg.items():
-        if k not in ("algorithm", "runtime") or not isinstance(v, dict):
-            out[k] = _hashable(v)
-    for part in ("algorithm", "runtime"):
-        for k, v in (cfg.get(part) or {}).items():
-            name = ("algo" if part == "algorithm" else "runtime") if k == "name" else k
-            if name in out:
-                name = f"{part}.{k}"
-            out[name] = _hashable(v)
-            if part == "algorithm":
-                algo_keys.add(name)
-    return out, algo_keys
 
 
 def load_runs(paths, skipped: list | None = None) -> list[dict]:

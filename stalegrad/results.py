@@ -250,3 +250,29 @@ def load_model(run_dir: str | os.PathLike) -> "torch.nn.Module":
     model = build_model(spec["name"], tuple(spec["input_shape"]), spec["num_classes"], hidden=hidden)
     model.load_state_dict(payload["state_dict"])
     return model
+
+
+def _hashable(v):
+    if isinstance(v, list | tuple):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    return v
+
+
+def flat_config(cfg: dict) -> tuple[dict, set]:
+    """config.json as one flat dict (``algo``, its parameters, ``runtime``, ``delay``, ...), and the
+    names that are the algorithm's parameters."""
+    out, algo_keys = {}, set()
+    for k, v in cfg.items():
+        if k not in ("algorithm", "runtime") or not isinstance(v, dict):
+            out[k] = _hashable(v)
+    for part in ("algorithm", "runtime"):
+        for k, v in (cfg.get(part) or {}).items():
+            name = ("algo" if part == "algorithm" else "runtime") if k == "name" else k
+            if name in out:
+                name = f"{part}.{k}"
+            out[name] = _hashable(v)
+            if part == "algorithm":
+                algo_keys.add(name)
+    return out, algo_keys
