@@ -66,6 +66,7 @@ class RunConfig:
             raise ConfigError("algorithm", f"must be an algorithm name or an Algorithm, not {type(algo).__name__}")
         workers = self.workers if self.workers is not None else (1 if algo.sequential else 4)
         _positive_int("workers", workers)
+        algo.check_workers(workers)
         if algo.sequential and workers != 1:
             raise ConfigError("workers", f"must be 1 for {algo.name}, which is sequential, got {workers!r} "
                                          "(asgd is its asynchronous counterpart)")
@@ -161,6 +162,9 @@ def probe_kind(algorithm: Algorithm) -> str | None:
 
 
 def default_lr(algorithm: Algorithm) -> float:
+    own = algorithm.default_lr()
+    if own is not None:
+        return own
     return 0.001 if getattr(algorithm, "local_opt", "sgd") == "adam" else 0.1
 
 
