@@ -154,7 +154,7 @@ def probe_kind(algorithm: Algorithm) -> str | None:
     """What the simulator's probes measure of ``algorithm``: 'gradient' (one gradient at the pulled
     weights, applied asynchronously), 'commit' (an accumulated commit), or None (not measured)."""
     from .algorithms.agn import CommitAlgorithm
-    if algorithm.synchronous or not algorithm.pull_before_compute:
+    if algorithm.synchronous or not algorithm.pull_before_compute or not algorithm.probed:
         return None
     if algorithm.vectorisable:
         return "gradient"

@@ -42,7 +42,10 @@ def strip_wall(metrics):
 
 
 CASES = [("dcasgd-a", "gamma:2"), ("agn", "exponential"), ("ssgd", "straggler:3"), ("aeasgd", "uniform"),
-         ("easgd", "heterogeneous:sqrt"), ("dynsgd", "uniform"), ("sgd", "uniform")]
+         ("easgd", "heterogeneous:sqrt"), ("dynsgd", "uniform"), ("sgd", "uniform"),
+         # the rules after 2017: scalars in the server state (counts, lr_max, the look-ahead's lr)
+         ("gap-aware", "gamma:2"), ("dana-dc", "exponential"), ("async-local-sgd", "uniform"),
+         ("diloco", "straggler:3")]
 
 
 @pytest.mark.parametrize("algo,delay", CASES)

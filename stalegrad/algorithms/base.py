@@ -87,6 +87,9 @@ class Algorithm:
     # Keys of the server state that hold per-element tensors shaped like w (or lists of them, one
     # per worker); an @elementwise rule gets these sliced to a chunk and every other key as it is.
     per_element_state: ClassVar[tuple[str, ...]] = ()
+    # The simulator's probes (--probe-every) take the update to be -lr times the gradient, or the
+    # commit itself; rules whose update is something else are not probed.
+    probed: ClassVar[bool] = True
 
     # ---- introspection (CLI, docs, config) ---------------------------------
     @classmethod
@@ -182,7 +185,7 @@ def check_fraction(algo: Algorithm, name: str, low_open: bool = False, high_open
 
 
 # --------------------------------------------------------------------------
-# Shared pieces of the gradient-push family (sgd, ssgd, asgd, dcasgd-*):
+# Shared pieces of the gradient-push family (sgd, ssgd, asgd, dcasgd-*, sasgd, gap-aware, dana-*):
 # the worker sends the gradient of one mini-batch at the weights it pulled;
 # the server turns a (possibly corrected) gradient into a step with optional
 # heavy-ball momentum and L2 weight decay, in the order of torch.optim.SGD.

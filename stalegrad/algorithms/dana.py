@@ -34,6 +34,7 @@ from .base import GradientAlgorithm, check_nonnegative, param
 @dataclass(frozen=True)
 class DANAZero(GradientAlgorithm):
     name = "dana-zero"
+    probed = False
     summary = ("DANA-Zero (Hakimi et al. 2019): one momentum per worker on the server; a pull sends the "
                "look-ahead w - lr*gamma*sum(v)")
     rule = "v[m] <- gamma*v[m] + g;  w <- w - lr*v[m];  pull: w_hat[m] = w - lr*gamma*sum_i v[i]"

@@ -41,6 +41,7 @@ from .base import check_nonnegative, elementwise, param
 @dataclass(frozen=True)
 class DiLoCo(AccumulatedCommit):
     name = "diloco"
+    probed = False
     summary = ("DiLoCo (Douillard et al. 2023): synchronous local SGD; the server takes an outer Nesterov step "
                "on the mean commit")
     rule = ("worker: window local steps from the pulled w, commit c_m = w_local - w_pulled;  server, once every "
@@ -63,6 +64,7 @@ class DiLoCo(AccumulatedCommit):
 @dataclass(frozen=True)
 class AsyncLocalSGD(AccumulatedCommit):
     name = "async-local-sgd"
+    probed = False
     summary = ("asynchronous Local-SGD with Delayed Nesterov (Liu et al. 2024): each commit applied as it "
                "arrives; the outer momentum moves once every N updates")
     rule = ("worker: window local steps, commit c = w_local - w_pulled (g = -c);  server: D <- D + g; every N-th "

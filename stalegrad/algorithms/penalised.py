@@ -36,6 +36,7 @@ from .base import GradientAlgorithm, check_fraction, check_positive, elementwise
 @dataclass(frozen=True)
 class StalenessAwareASGD(GradientAlgorithm):
     name = "sasgd"
+    probed = False
     summary = "staleness-aware ASGD (Zhang et al. 2016): each gradient's learning rate divided by its staleness"
     rule = "w <- w - lr/(tau+1) * g   (tau: updates since the pull; the paper's staleness counts the update itself)"
 
@@ -63,6 +64,7 @@ class StalenessAwareASGD(GradientAlgorithm):
 @dataclass(frozen=True)
 class GapAware(GradientAlgorithm):
     name = "gap-aware"
+    probed = False
     summary = ("Gap-Aware (Barkai et al. 2020): each parameter's gradient divided by 1 + the distance it moved "
                "since the pull, in units of its running-average step size")
     rule = ("G = 1 + |w - w_bak[m]| / (lr_max*(sqrt(v_hat)+eps));  w <- w - lr*(g/G);  "
