@@ -100,7 +100,9 @@ def _missing(state, shape: dict, prefix: str = "") -> str | None:
 
 
 def check_matches(path, state: dict, run) -> None:
-    saved, now = state["fingerprint"], fingerprint(run)
+    saved, now = dict(state["fingerprint"]), fingerprint(run)
+    if isinstance(saved.get("algorithm"), dict):
+        saved["algorithm"] = _with_defaults(saved["algorithm"])
     for key in now:
         if saved.get(key) != now[key]:
             raise CheckpointError(f"{path}: made with {key} {_short(saved.get(key))}, but this run has "
@@ -112,6 +114,14 @@ def restore(run, state: dict) -> dict:
     CPU as saved: each part moves what it needs (random-generator states must stay on the CPU)."""
     run.load_state_dict(state["run"])
     return state["runtime"]
+
+
+def _with_defaults(algorithm: dict) -> dict:
+    """A saved algorithm's parameters, with the defaults of those added since it was saved (the outer
+    optimizer of agn, downpour and dynsgd): a checkpoint made before them resumes as it ran."""
+    from .algorithms import ALGORITHMS
+    cls = ALGORITHMS.get(algorithm.get("name"))
+    return algorithm if cls is None else {**cls().to_dict(), **algorithm}
 
 
 def _short(value) -> str:

@@ -114,3 +114,21 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     torch.save({"format": 1, "weights": torch.zeros(3)}, path)
     with pytest.raises(CheckpointError, match="not a stalegrad checkpoint"):
         train("asgd", "uniform", tmp_path / "x.pt", resume=path)
+
+
+def test_a_checkpoint_saved_before_the_outer_optimizer_resumes(tmp_path, monkeypatch):
+    full = train("agn", "uniform", tmp_path / "full.pt")
+    with monkeypatch.context() as mp:
+        interrupt_at(mp, 10)
+        with pytest.raises(Interrupt):
+            train("agn", "uniform", tmp_path / "cut.pt")
+    saved = torch.load(tmp_path / "cut.pt", weights_only=True)
+    for key in ("outer_opt", "outer_lr", "outer_momentum"):   # as agn's checkpoints were before them
+        del saved["fingerprint"]["algorithm"][key]
+    torch.save(saved, tmp_path / "old.pt")
+    resumed = train("agn", "uniform", tmp_path / "old.pt", resume=tmp_path / "old.pt")
+    assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
+    with pytest.raises(CheckpointError, match="algorithm"):   # a missing key is its default, nothing else
+        sg.train(bn_model(), TRAIN, TEST, sg.make_algorithm("agn", window=2, outer_opt="nesterov"), 3,
+                 Simulator(delay="uniform"), epochs=2, batch_size=8, seed=5, checkpoint_every=7,
+                 checkpoint_path=tmp_path / "x.pt", resume=tmp_path / "old.pt")
