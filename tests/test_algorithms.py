@@ -389,7 +389,7 @@ def test_outer_nesterov_is_torch_sgd_nesterov_on_the_pseudo_gradient(name):
 
 
 def test_outer_optimizer_validation():
-    with pytest.raises(ValueError, match="outer_opt must be one of sgd, nesterov for agn"):
+    with pytest.raises(ValueError, match="agn: outer_opt must be one of sgd, nesterov, got 'delayed-nesterov'"):
         make_algorithm("agn", outer_opt="delayed-nesterov")
     with pytest.raises(ValueError, match="outer_lr"):
         make_algorithm("diloco", outer_lr=0.0)

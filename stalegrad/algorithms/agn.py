@@ -90,27 +90,19 @@ class CommitAlgorithm(Algorithm):
         return msg, 1.0   # w + commit, added straight from the message
 
 
-OUTER_OPTIMIZERS = ("sgd", "nesterov", "delayed-nesterov")
-
-
 @dataclass(frozen=True)
 class AccumulatedCommit(CommitAlgorithm):
     """Commit rules whose server applies an outer optimizer to the (scaled) commit."""
     outer_opt: str = param("sgd", "the server's outer optimizer on the commit (the negative pseudo-gradient); "
-                           "sgd at outer-lr 1 adds the commit as it is", "--outer-opt", OUTER_OPTIMIZERS)
+                           "sgd at outer-lr 1 adds the commit as it is", "--outer-opt", ("sgd", "nesterov"))
     outer_lr: float = param(1.0, "learning rate of the outer optimizer", "--outer-lr")
     outer_momentum: float = param(0.9, "momentum mu of the nesterov outer optimizers", "--outer-momentum")
 
     per_element_state = ("outer_buffer",)
-    # The outer optimizers a rule takes; delayed-nesterov counts updates (async-local-sgd only).
-    outer_choices: ClassVar[tuple[str, ...]] = ("sgd", "nesterov")
 
     def validate(self):
-        super().validate()
-        if self.outer_opt not in self.outer_choices:
-            raise ConfigError("outer_opt", f"must be one of {', '.join(self.outer_choices)} for {self.name}, "
-                                           f"got {self.outer_opt!r}", self.name)
-        check_positive(self, "outer_lr")
+        super().validate()   # outer_opt among the field's choices: delayed-nesterov counts updates in a
+        check_positive(self, "outer_lr")   # scalar, which only async-local-sgd's unchunked rule can do
         check_fraction(self, "outer_momentum")
 
     def server_init(self, w, num_workers):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .._lazy import torch
 from ..errors import ConfigError
-from .agn import OUTER_OPTIMIZERS, AccumulatedCommit
+from .agn import AccumulatedCommit
 from .base import check_nonnegative, elementwise, param
 
 
@@ -48,7 +48,7 @@ class DiLoCo(AccumulatedCommit):
             "worker committed: c = mean(c_m), b <- mu*b + c, w <- w + outer_lr*(c + mu*b)")
     synchronous = True
     outer_opt: str = param("nesterov", "the server's outer optimizer on the commit (the negative pseudo-gradient); "
-                           "sgd at outer-lr 1 adds the commit as it is", "--outer-opt", OUTER_OPTIMIZERS)
+                           "sgd at outer-lr 1 adds the commit as it is", "--outer-opt", ("sgd", "nesterov"))
     outer_lr: float = param(0.7, "learning rate of the outer optimizer", "--outer-lr")
 
     @elementwise
@@ -71,14 +71,13 @@ class AsyncLocalSGD(AccumulatedCommit):
             "update m <- beta*m + D/N, w <- w - eps*(beta*m + g/N), D <- 0; else w <- w - eps*g/N")
     outer_opt: str = param("delayed-nesterov", "the server's outer optimizer on the commit (the negative "
                            "pseudo-gradient); sgd at outer-lr 1 adds the commit as it is", "--outer-opt",
-                           OUTER_OPTIMIZERS)
+                           ("sgd", "nesterov", "delayed-nesterov"))
     outer_lr: float = param(0.7, "learning rate of the outer optimizer", "--outer-lr")
     dn_delay: int = param(0, "delayed-nesterov: server updates N between two momentum updates; 0: the number "
                           "of workers", "--dn-delay")
     dn_c: float = param(0.0, "delayed-nesterov: share c of the momentum applied at every update, "
                         "0 <= c <= 1/N", "--dn-c")
 
-    outer_choices = OUTER_OPTIMIZERS
     per_element_state = ("outer_buffer", "dn_sum")
 
     def validate(self):
