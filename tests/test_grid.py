@@ -116,7 +116,7 @@ BAD = [
     ("[axes]\nworkers = [4, 0]\n", "cell asgd-M0: workers must be a positive integer, got 0"),
     ('lr = "fast"\n', "cell asgd: lr: 'fast' is not a valid float"),
     ("seed = [0, 1]\n", "seed is a list: put it in [axes]"),
-    ('[axes]\nalgos = ["asgd"]\nlam = [0.1]\n', "lam is a parameter of dcasgd-c, and none of the grid's algorithms"),
+    ('[axes]\nalgos = ["asgd"]\nlam = [0.1]\n', "lam is a parameter of dcasgd-c, dana-dc, and none of the grid's algorithms"),
     ('[axes]\nalgos = ["sgd", "quantum"]\n', "unknown algorithm 'quantum'"),
     ('out = "x"\n', "[fixed] out: not an option of a grid"),
     ('[axes]\nalgos = ["sgd"]\nseeds = [0]\n[report]\nbaseline = "agn"\n', "baseline 'agn' is not one of"),
