@@ -101,7 +101,9 @@ def _missing(state, shape: dict, prefix: str = "") -> str | None:
 def check_matches(path, state: dict, run) -> None:
     """Refuse (``CheckpointError``) a checkpoint of another configuration, or one whose contents do
     not fit ``run`` (``damage``): resuming it would fail part-way, after the run directory changed."""
-    saved, now = state["fingerprint"], fingerprint(run)
+    saved, now = dict(state["fingerprint"]), fingerprint(run)
+    if isinstance(saved.get("algorithm"), dict):
+        saved["algorithm"] = _with_defaults(saved["algorithm"])
     for key in now:
         if saved.get(key) != now[key]:
             raise CheckpointError(f"{path}: made with {key} {_short(saved.get(key))}, but this run has "
@@ -354,6 +356,14 @@ def _show(value) -> str:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:120]
+
+
+def _with_defaults(algorithm: dict) -> dict:
+    """A saved algorithm's parameters, with the defaults of those added since it was saved (the outer
+    optimizer of agn, downpour and dynsgd): a checkpoint made before them resumes as it ran."""
+    from .algorithms import ALGORITHMS
+    cls = ALGORITHMS.get(algorithm.get("name"))
+    return algorithm if cls is None else {**cls().to_dict(), **algorithm}
 
 
 def _short(value) -> str:

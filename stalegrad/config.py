@@ -82,6 +82,7 @@ class RunConfig:
             raise ConfigError("algorithm", f"must be an algorithm name or an Algorithm, not {type(algo).__name__}")
         workers = self.workers if self.workers is not None else (1 if algo.sequential else 4)
         _positive_int("workers", workers)
+        algo.check_workers(workers)
         if algo.sequential and workers != 1:
             raise ConfigError("workers", f"must be 1 for {algo.name}, which is sequential, got {workers!r} "
                                          "(asgd is its asynchronous counterpart)")
@@ -185,7 +186,7 @@ def probe_kind(algorithm: Algorithm) -> str | None:
     """What the simulator's probes measure of ``algorithm``: 'gradient' (one gradient at the pulled
     weights, applied asynchronously), 'commit' (an accumulated commit), or None (not measured)."""
     from .algorithms.agn import CommitAlgorithm
-    if algorithm.synchronous or not algorithm.pull_before_compute:
+    if algorithm.synchronous or not algorithm.pull_before_compute or not algorithm.probed:
         return None
     if algorithm.vectorisable:
         return "gradient"
@@ -213,6 +214,9 @@ def _show(value) -> str:
 
 
 def default_lr(algorithm: Algorithm) -> float:
+    own = algorithm.default_lr()
+    if own is not None:
+        return own
     return 0.001 if getattr(algorithm, "local_opt", "sgd") == "adam" else 0.1
 
 

@@ -97,10 +97,12 @@ class ParameterServer:
 
     # ---- the two calls every runtime makes ---------------------------------
     def pull(self, worker: int, out: Tensor | None = None) -> Tensor:
-        """The current weights for ``worker``, copied into ``out`` if given."""
+        """The weights ``worker`` computes at, copied into ``out`` if given: the current weights, or
+        what the algorithm's ``on_pull`` sends instead."""
         self.pulled_version[worker] = self.version
-        self.algorithm.on_pull(self.state, worker, self.w)
-        return self.w.clone() if out is None else out.copy_(self.w)
+        sent = self.algorithm.on_pull(self.state, worker, self.w)   # DANA sends a look-ahead, not w
+        sent = self.w if sent is None else sent
+        return sent.clone() if out is None else out.copy_(sent)
 
     def push(self, worker: int, msg: Tensor, lr: float) -> bool:
         """Apply (or, for synchronous algorithms, buffer) one message.

@@ -1,4 +1,5 @@
 """Each rule against values computed by hand (or by an independent formula)."""
+import io
 import math
 
 import pytest
@@ -311,3 +312,181 @@ def test_nonfinite_in_a_synchronous_round_drops_only_that_worker():
 def test_unknown_algorithm_lists_choices():
     with pytest.raises(ValueError, match="algorithm must be one of sgd, ssgd, asgd, .*got 'foo'"):
         make_algorithm("foo")
+
+
+# ---------------------------------------------------------------- rules after 2017
+def test_sasgd_divides_the_learning_rate_by_the_staleness_counting_the_update_itself():
+    server = ParameterServer(make_algorithm("sasgd"), t(0.0), 3)
+    for m in range(3):
+        server.pull(m)
+    for m in range(3):
+        server.push(m, t(6.0), lr=1.0)   # tau 0, 1, 2: steps 6/1, 6/2, 6/3
+    assert torch.allclose(server.w, t(-11.0))
+
+
+def test_gap_aware_by_hand():
+    lr, beta, eps = 0.1, 0.5, 1e-8
+    server = ParameterServer(make_algorithm("gap-aware", ga_beta=beta, ga_eps=eps), t(0.0, 0.0), 2)
+    server.pull(0), server.pull(1)
+    server.push(0, t(2.0, 1.0), lr)          # first update: nothing moved, G = 1
+    assert torch.allclose(server.w, t(-0.2, -0.1))
+    server.push(1, t(4.0, 4.0), lr)          # worker 1 pulled [0, 0]: gap [0.2, 0.1]
+    # v = (1-beta)*[4, 1], bias-corrected [4, 1]: C = 0.1*[2, 1] (+eps); G = 1 + gap/C = [2, 2]
+    assert torch.allclose(server.w, t(-0.2 - 0.1 * 4.0 / 2, -0.1 - 0.1 * 4.0 / 2), atol=1e-6)
+    assert server.state["updates"] == 2 and server.state["lr_max"] == lr
+
+
+def test_dana_pull_sends_the_look_ahead_and_the_push_moves_only_the_senders_momentum():
+    lr, gamma = 0.5, 0.9
+    server = ParameterServer(make_algorithm("dana-zero", momentum=gamma), t(1.0), 2)
+    assert torch.equal(server.pull(0), t(1.0)) and torch.equal(server.pull(1), t(1.0))   # no momentum yet
+    server.push(0, t(2.0), lr)               # v0 = 2, w = 1 - 0.5*2 = 0
+    assert torch.allclose(server.w, t(0.0)) and torch.allclose(server.state["momenta"][1], t(0.0))
+    assert torch.allclose(server.pull(0), t(0.0 - lr * gamma * 2.0))   # w - lr*gamma*(v0 + v1)
+    server.push(1, t(1.0), lr)               # v1 = 1, w = 0 - 0.5 = -0.5
+    assert torch.allclose(server.w, t(-0.5))
+    assert torch.allclose(server.pull(1), t(-0.5 - lr * gamma * 3.0))
+    assert torch.allclose(server.state["momentum_sum"], t(3.0))
+
+
+def test_dana_dc_compensates_from_the_look_ahead_the_worker_computed_at():
+    lr, gamma, lam = 0.5, 0.9, 1.0
+    server = ParameterServer(make_algorithm("dana-dc", momentum=gamma, lam=lam), t(1.0), 2)
+    server.pull(0), server.pull(1)
+    server.push(0, t(2.0), lr)               # w = 0; worker 1's look-ahead was 1
+    server.push(1, t(1.0), lr)               # g_dc = 1 + 1*1*1*(0 - 1) = 0: w unchanged
+    assert torch.allclose(server.w, t(0.0))
+    assert torch.allclose(server.state["w_bak"][0], t(1.0))   # worker 0 has not pulled again
+
+
+def test_agn_with_outer_sgd_at_rate_one_is_the_commit_added_as_it_is():
+    torch.manual_seed(3)
+    w0, commits = torch.randn(40), [torch.randn(40) for _ in range(6)]
+    expected = w0.clone()
+    for c in commits:
+        expected = expected + c
+    for params in ({}, {"outer_opt": "sgd", "outer_lr": 1.0}):
+        server = ParameterServer(make_algorithm("agn", **params), w0, 2)
+        for k, c in enumerate(commits):
+            server.pull(k % 2)
+            server.push(k % 2, c, lr=0.3)
+        assert torch.equal(server.w, expected)   # bit for bit
+
+
+@pytest.mark.parametrize("name", ["agn", "downpour", "async-local-sgd"])
+def test_outer_nesterov_is_torch_sgd_nesterov_on_the_pseudo_gradient(name):
+    torch.manual_seed(4)
+    w0, commits = torch.randn(30), [torch.randn(30) for _ in range(5)]
+    server = ParameterServer(make_algorithm(name, outer_opt="nesterov", outer_lr=0.7, outer_momentum=0.9), w0, 1)
+    ref = w0.clone().requires_grad_(True)
+    opt = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
+    for c in commits:
+        server.pull(0)
+        server.push(0, c, lr=0.1)
+        ref.grad = -c                            # the pseudo-gradient: w_pulled - w_local
+        opt.step()
+    assert torch.equal(server.w, ref.detach())
+
+
+def test_outer_optimizer_validation():
+    with pytest.raises(ValueError, match="agn: outer_opt must be one of sgd, nesterov, got 'delayed-nesterov'"):
+        make_algorithm("agn", outer_opt="delayed-nesterov")
+    with pytest.raises(ValueError, match="outer_lr"):
+        make_algorithm("diloco", outer_lr=0.0)
+    with pytest.raises(ValueError, match="outer_momentum"):
+        make_algorithm("downpour", outer_momentum=1.0)
+    with pytest.raises(ValueError, match=r"dn_c must be at most 1/N = 1/4"):
+        make_algorithm("async-local-sgd", dn_delay=4, dn_c=0.5)
+    with pytest.raises(ValueError, match="dn_delay"):
+        make_algorithm("async-local-sgd", dn_delay=-1)
+    make_algorithm("async-local-sgd", dn_c=0.5).check_workers(2)       # N = 2 workers: c <= 1/2
+    with pytest.raises(ValueError, match=r"dn_c must be at most 1/N = 1/3"):
+        make_algorithm("async-local-sgd", dn_c=0.5).check_workers(3)
+
+
+# A float64 reference of each server rule, written from the papers' equations, against the public
+# ParameterServer on a random asynchronous schedule (every tau, not only round robin).
+def reference_server(name, algo, w, M):
+    import numpy as np
+    st = {"w": w.copy(), "bak": [w.copy() for _ in range(M)], "v": [np.zeros_like(w) for _ in range(M)],
+          "buf": np.zeros_like(w), "sq": np.zeros_like(w), "k": 0, "lr_max": 0.0, "lr": 0.0,
+          "D": np.zeros_like(w), "t": 0}
+
+    def pull(m):
+        if name.startswith("dana"):
+            st["bak"][m] = st["w"] - st["lr"] * algo.momentum * sum(st["v"])
+        else:
+            st["bak"][m] = st["w"].copy()
+        return st["bak"][m]
+
+    def push(m, g, tau, lr):
+        w = st["w"]
+        if name == "sasgd":
+            st["w"] = w - lr / (tau + 1) * g
+        elif name == "gap-aware":
+            st["lr_max"] = max(st["lr_max"], lr)
+            k, b = st["k"], algo.ga_beta
+            gap = 1 + np.abs(w - st["bak"][m]) / (st["lr_max"] * (np.sqrt(st["sq"] / (1 - b ** k)) + algo.ga_eps)) \
+                if k else 1.0
+            d = g / gap + algo.weight_decay * w
+            st["buf"] = algo.momentum * st["buf"] + d
+            d = st["buf"] if algo.momentum else d
+            st["w"] = w - lr * d
+            st["sq"], st["k"] = b * st["sq"] + (1 - b) * d * d, k + 1
+        elif name.startswith("dana"):
+            if name == "dana-dc":
+                g = g + algo.lam * g * g * (w - st["bak"][m])
+            st["v"][m] = algo.momentum * st["v"][m] + g
+            st["w"], st["lr"] = w - lr * st["v"][m], lr
+        else:                                    # async-local-sgd, delayed nesterov on p = -commit
+            p, N, mu, c, t_ = -g, algo.dn_delay or M, algo.outer_momentum, algo.dn_c, st["t"]
+            st["D"] = st["D"] + p
+            if (t_ + 1) % N == 0:
+                st["buf"] = mu * st["buf"] + st["D"] / N
+                st["w"] = w - algo.outer_lr * ((1 - c * N + c) * mu * st["buf"] + p / N)
+                st["D"] = np.zeros_like(w)
+            else:
+                st["w"] = w - algo.outer_lr * (c * mu * st["buf"] + p / N)
+            st["t"] = t_ + 1
+    return st, pull, push
+
+
+@pytest.mark.parametrize("name,params", [
+    ("sasgd", {}), ("gap-aware", {}), ("gap-aware", {"momentum": 0.9, "weight_decay": 0.01, "ga_beta": 0.9}),
+    ("dana-zero", {}), ("dana-dc", {"lam": 0.5}), ("async-local-sgd", {}), ("async-local-sgd", {"dn_c": 0.2}),
+])
+def test_random_schedules_through_the_server_match_the_float64_reference(name, params):
+    import random
+
+    import numpy as np
+    M, n = 4, 64
+    rng = random.Random(name)
+    gen = torch.Generator().manual_seed(7)
+    algo = make_algorithm(name, **params)
+    w0 = torch.randn(n, generator=gen)
+    server = ParameterServer(algo, w0, M)
+    st, ref_pull, ref_push = reference_server(name, algo, w0.double().numpy(), M)
+    for m in range(M):
+        assert np.allclose(server.pull(m).double().numpy(), ref_pull(m), atol=1e-6)
+    resumed = None
+    for step in range(80):
+        m = rng.randrange(M)
+        g = torch.randn(n, generator=gen)
+        lr = 0.05 if step < 40 else 0.02         # a schedule's step down: lr_max and DANA's stored lr
+        tau = server.version - server.pulled_version[m]
+        for s in filter(None, (server, resumed)):
+            s.push(m, g, lr)
+        ref_push(m, g.double().numpy(), tau, lr)
+        sent = [s.pull(m) for s in filter(None, (server, resumed))]
+        expected = ref_pull(m)
+        np.testing.assert_allclose(server.w.double().numpy(), st["w"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(sent[0].double().numpy(), expected, rtol=1e-4, atol=1e-5)
+        if len(sent) == 2:
+            assert torch.equal(resumed.w, server.w) and torch.equal(sent[0], sent[1])
+        if step == 30:                           # a server restored from state_dict() continues bit for bit
+            saved = io.BytesIO()
+            torch.save(server.state_dict(), saved)   # as a checkpoint holds it
+            saved.seek(0)
+            resumed = ParameterServer(algo, torch.zeros(n), M)
+            resumed.load_state_dict(torch.load(saved, weights_only=True))
+    assert len(set(server.staleness.taus)) > 2   # the schedule mixed staleness values

@@ -42,7 +42,10 @@ def strip_wall(metrics):
 
 
 CASES = [("dcasgd-a", "gamma:2"), ("agn", "exponential"), ("ssgd", "straggler:3"), ("aeasgd", "uniform"),
-         ("easgd", "heterogeneous:sqrt"), ("dynsgd", "uniform"), ("sgd", "uniform")]
+         ("easgd", "heterogeneous:sqrt"), ("dynsgd", "uniform"), ("sgd", "uniform"),
+         # the rules after 2017: scalars in the server state (counts, lr_max, the look-ahead's lr)
+         ("gap-aware", "gamma:2"), ("dana-dc", "exponential"), ("async-local-sgd", "uniform"),
+         ("diloco", "straggler:3")]
 
 
 @pytest.mark.parametrize("algo,delay", CASES)
@@ -135,3 +138,21 @@ def test_a_damaged_checkpoint_is_refused_before_on_start(tmp_path, damage):
     with pytest.raises(CheckpointError, match=f"{path.name}: damaged checkpoint"):
         train("dcasgd-a", "uniform", path, resume=path, on_start=lambda *a: started.append(a))
     assert started == []
+
+
+def test_a_checkpoint_saved_before_the_outer_optimizer_resumes(tmp_path, monkeypatch):
+    full = train("agn", "uniform", tmp_path / "full.pt")
+    with monkeypatch.context() as mp:
+        interrupt_at(mp, 10)
+        with pytest.raises(Interrupt):
+            train("agn", "uniform", tmp_path / "cut.pt")
+    saved = torch.load(tmp_path / "cut.pt", weights_only=True)
+    for key in ("outer_opt", "outer_lr", "outer_momentum"):   # as agn's checkpoints were before them
+        del saved["fingerprint"]["algorithm"][key]
+    torch.save(saved, tmp_path / "old.pt")
+    resumed = train("agn", "uniform", tmp_path / "old.pt", resume=tmp_path / "old.pt")
+    assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
+    with pytest.raises(CheckpointError, match="algorithm"):   # a missing key is its default, nothing else
+        sg.train(bn_model(), TRAIN, TEST, sg.make_algorithm("agn", window=2, outer_opt="nesterov"), 3,
+                 Simulator(delay="uniform"), epochs=2, batch_size=8, seed=5, checkpoint_every=7,
+                 checkpoint_path=tmp_path / "x.pt", resume=tmp_path / "old.pt")

@@ -122,7 +122,7 @@ BAD = [
     ("[fixed.x]\ny = 1\n", "[fixed] unknown key 'x'"),
     ("[report]\nbaseline = 3\n", "[report] baseline must be an algorithm's name"),
     ("seed = [0, 1]\n", "seed is a list: put it in [axes]"),
-    ('[axes]\nalgos = ["asgd"]\nlam = [0.1]\n', "lam is a parameter of dcasgd-c, and none of the grid's algorithms"),
+    ('[axes]\nalgos = ["asgd"]\nlam = [0.1]\n', "lam is a parameter of dcasgd-c, dana-dc, and none of the grid's algorithms"),
     ('[axes]\nalgos = ["sgd", "quantum"]\n', "unknown algorithm 'quantum'"),
     ('out = "x"\n', "[fixed] out: not an option of a grid"),
     ('[axes]\nalgos = ["sgd"]\nseeds = [0]\n[report]\nbaseline = "agn"\n', "baseline 'agn' is not one of"),
@@ -364,3 +364,18 @@ def test_ctrl_c_stops_the_children_and_the_grid_continues_later(tmp_path, how):
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=120).returncode == 0
     assert [r["status"] for r in records(out).values()][0] == "skipped"
     assert all(r["status"] in ("done", "skipped") for r in records(out).values())
+
+
+def test_the_rules_after_2017_expand_and_validate(tmp_path, run):
+    path = write(tmp_path, TINY + 'window = 2\n[axes]\nalgos = ["sasgd", "gap-aware", "dana-zero", "dana-dc", '
+                                  '"diloco", "async-local-sgd", "agn"]\nworkers = [2, 4]\n'
+                                  'outer_opt = ["sgd", "nesterov"]\nlam = [1.0, 2.0]\n')
+    cells = {c.name: c for c in G.load_grid(path).cells}
+    per_algo = {a: sum(c.algo == a for c in cells.values()) for a in ("sasgd", "dana-dc", "diloco", "agn")}
+    # outer_opt applies to the commit rules with an outer optimizer, lam to dana-dc (and dcasgd-c)
+    assert per_algo == {"sasgd": 2, "dana-dc": 4, "diloco": 4, "agn": 4}
+    assert cells["dana-dc-M2-lam_1"].options["lam"] == 1.0
+    assert cells["diloco-M4-outer_opt_sgd"].options["outer_opt"] == "sgd"
+    code, out, err = run(path, "--dry-run")
+    assert code == 0, err
+    assert "every one valid" in out and "async-local-sgd-M4" in out

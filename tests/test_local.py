@@ -101,16 +101,19 @@ def test_every_algorithm_runs(algo):
     assert gone(run_pids(rt)) == []
 
 
-def test_recorded_trace_replays_exactly_in_the_simulator(tmp_path):
+@pytest.mark.parametrize("algo", ["dcasgd-a", "dana-dc"])
+def test_recorded_trace_replays_exactly_in_the_simulator(tmp_path, algo):
+    # dana-dc: the workers compute at the look-ahead the server sends at each pull, as in the simulator
     path = tmp_path / "trace.csv"
-    real, _ = local("dcasgd-a", workers=3, epochs=2, runtime=LocalRuntime(record_trace=path), seed=3)
+    real, _ = local(algo, workers=3, epochs=2, runtime=LocalRuntime(record_trace=path), seed=3)
     lines = path.read_text().splitlines()
     assert lines[0] == "worker,pulled,applied,wall_s" and len(lines) - 1 == real.summary["updates"]
     trace = read_trace(path)
     assert trace.wall_s == sorted(trace.wall_s)
-    replay = sg.train("logreg", TRAIN, TEST, "dcasgd-a", 3, Simulator(delay=f"trace:{path}"), epochs=2,
+    replay = sg.train("logreg", TRAIN, TEST, algo, 3, Simulator(delay=f"trace:{path}"), epochs=2,
                       batch_size=8, seed=3)
     assert replay.update_log() == real.update_log()
+    assert torch.allclose(replay.weights, real.weights, rtol=1e-5, atol=1e-6)
     assert replay.summary["samples"] == real.summary["samples"]
     assert not replay.summary["notes"]   # the trace covered the whole run
 

@@ -81,10 +81,11 @@ class Inspected(RayRuntime):
         return Inspecting(self, training, resume)
 
 
-@pytest.mark.parametrize("name", ["dynsgd", "ssgd", "aeasgd"])
+@pytest.mark.parametrize("name", ["dynsgd", "ssgd", "aeasgd", "dana-dc"])
 def test_three_shards_hold_what_one_server_holds_for_the_recorded_schedule(tmp_path, name):
     # dynsgd scales by tau (so the trace's pulled versions must be exact), ssgd closes rounds
-    # across shards, aeasgd pulls after its local steps
+    # across shards, aeasgd pulls after its local steps, dana-dc sends each worker a look-ahead
+    # that every shard computes on its slice
     path = tmp_path / "trace.csv"
     rt = Inspected(ps_shards=3, record_trace=path)
     real = train(name, rt, seed=3, epochs=2)

@@ -1,7 +1,9 @@
 """End to end against an independent reference.
 
 A few lines of float64 numpy replay the papers' protocol (DC-ASGD's
-Algorithms 1 and 2; AGN's worker loop) for multinomial logistic regression,
+Algorithms 1 and 2; AGN's worker loop; the equations of the rules after 2017:
+staleness-aware ASGD, Gap-Aware, DANA, DiLoCo's outer Nesterov, asynchronous
+Local-SGD's delayed Nesterov) for multinomial logistic regression,
 whose gradient is written out by hand: X^T (softmax(XW^T + b) - onehot) / B.
 The library's simulator, with its model, flat vectors, parameter server and
 event queue, must land on the same weights.
@@ -81,3 +83,118 @@ def test_round_robin_commit_rules_match_the_reference(name):
         w = w + delta
         pulled[m], pulled_at[m] = w.copy(), k + 1
     np.testing.assert_allclose(res.weights.double().numpy(), w, rtol=1e-4, atol=1e-5)
+
+
+# ---- the rules after 2017, each from its paper's equations ---------------------------------------
+def test_round_robin_staleness_and_gap_rules_match_the_reference():
+    M, lr, beta, eps = 4, 0.1, 0.999, 1e-8
+    for name in ("sasgd", "gap-aware"):
+        res, w, streams = library_run(sg.make_algorithm(name), M, lr=lr)
+        bak = [w.copy() for _ in range(M)]
+        pulled_at = [0] * M
+        sq, lr_max = np.zeros_like(w), 0.0
+        for k in range(res.summary["updates"]):
+            m = k % M
+            g = grad(bak[m], streams[m].next().numpy())
+            if name == "sasgd":                  # Zhang et al.: lr / staleness, the update itself counted
+                w = w - lr / ((k - pulled_at[m]) + 1) * g
+            else:                                # Barkai et al.: g / Gap, Gap in units of the mean step
+                lr_max = max(lr_max, lr)
+                gap = 1 + np.abs(w - bak[m]) / (lr_max * (np.sqrt(sq / (1 - beta ** k)) + eps)) if k else 1.0
+                d = g / gap
+                w = w - lr * d
+                sq = beta * sq + (1 - beta) * d * d
+            bak[m], pulled_at[m] = w.copy(), k + 1
+        np.testing.assert_allclose(res.weights.double().numpy(), w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["dana-zero", "dana-dc"])
+def test_round_robin_dana_matches_the_reference(name):
+    # Hakimi et al.: the server keeps one momentum per worker; a worker computes its gradient at the
+    # look-ahead w - lr*gamma*sum(v) that the server sent it (DANA-DC: and the server compensates it)
+    M, lr, gamma, lam = 4, 0.02, 0.9, 2.0
+    res, w, streams = library_run(sg.make_algorithm(name), M, lr=lr)
+    v = [np.zeros_like(w) for _ in range(M)]
+    look = [w.copy() for _ in range(M)]          # nothing moved yet: every look-ahead is w0
+    for k in range(res.summary["updates"]):
+        m = k % M
+        g = grad(look[m], streams[m].next().numpy())
+        if name == "dana-dc":
+            g = g + lam * g * g * (w - look[m])
+        v[m] = gamma * v[m] + g
+        w = w - lr * v[m]
+        look[m] = w - lr * gamma * sum(v)
+    np.testing.assert_allclose(res.weights.double().numpy(), w, rtol=1e-4, atol=1e-5)
+
+
+def local_steps(w, stream, window, lr):
+    for _ in range(window):
+        w = w - lr * grad(w, stream.next().numpy())
+    return w
+
+
+@pytest.mark.parametrize("name,params", [
+    ("agn", {"outer_opt": "nesterov", "outer_lr": 0.7}),
+    ("dynsgd", {"outer_opt": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8}),
+    ("async-local-sgd", {"outer_opt": "nesterov"}),
+    ("async-local-sgd", {}),                                  # delayed nesterov, N = M
+    ("async-local-sgd", {"dn_delay": 2, "dn_c": 0.25}),
+])
+def test_round_robin_outer_optimizers_match_the_reference(name, params):
+    M, window, lr = 3, 4, 0.05
+    algo = sg.make_algorithm(name, window=window, local_opt="sgd", **params)
+    res, w, streams = library_run(algo, M, lr=lr)
+    eps, mu = algo.outer_lr, algo.outer_momentum
+    N, c = algo.dn_delay or M if name == "async-local-sgd" else 0, getattr(algo, "dn_c", 0.0)
+    buf, D = np.zeros_like(w), np.zeros_like(w)
+    pulled = [w.copy() for _ in range(M)]
+    pulled_at = [0] * M
+    for t in range(res.summary["updates"]):
+        m = t % M
+        p = pulled[m] - local_steps(pulled[m], streams[m], window, lr)   # DiLoCo's pseudo-gradient
+        if name == "agn":
+            p = p / window
+        if name == "dynsgd":
+            p = p / ((t - pulled_at[m]) + 1)
+        if algo.outer_opt == "nesterov":         # torch.optim.SGD(nesterov=True) on p
+            buf = mu * buf + p
+            w = w - eps * (p + mu * buf)
+        else:                                    # Liu et al., Algorithm 3 (delayed Nesterov)
+            D = D + p
+            if (t + 1) % N == 0:
+                buf = mu * buf + D / N
+                w = w - eps * ((1 - c * N + c) * mu * buf + p / N)
+                D = np.zeros_like(w)
+            else:
+                w = w - eps * (c * mu * buf + p / N)
+        pulled[m], pulled_at[m] = w.copy(), t + 1
+    np.testing.assert_allclose(res.weights.double().numpy(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_diloco_rounds_match_the_reference():
+    M, window, lr, eps, mu = 3, 4, 0.05, 0.7, 0.9
+    res, w, streams = library_run(sg.make_algorithm("diloco", window=window, local_opt="sgd"), M, lr=lr)
+    buf = np.zeros_like(w)
+    for _ in range(res.summary["updates"]):      # one outer step per round of all M workers
+        p = sum(w - local_steps(w, streams[m], window, lr) for m in range(M)) / M
+        buf = mu * buf + p
+        w = w - eps * (p + mu * buf)
+    np.testing.assert_allclose(res.weights.double().numpy(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_agn_with_outer_sgd_at_rate_one_is_todays_agn():
+    from dataclasses import dataclass
+
+    from stalegrad.algorithms import CommitAlgorithm
+
+    @dataclass(frozen=True)
+    class TodaysAGN(CommitAlgorithm):            # agn before the outer optimizer: the server adds the commit
+        name = "agn"
+        normalise = True
+
+    runs = [library_run(algo, 3, lr=0.01)[0] for algo in
+            (TodaysAGN(), sg.make_algorithm("agn"), sg.make_algorithm("agn", outer_opt="sgd", outer_lr=1.0))]
+    assert runs[0].summary["updates"] > 0
+    assert len({r.summary["weights_sha256"] for r in runs}) == 1
+    nesterov = library_run(sg.make_algorithm("agn", outer_opt="nesterov"), 3, lr=0.01)[0]
+    assert nesterov.summary["weights_sha256"] != runs[0].summary["weights_sha256"]

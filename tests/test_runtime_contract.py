@@ -105,7 +105,7 @@ def test_a_third_runtime_needs_only_the_contract(name):
     assert ours.summary["weights_sha256"] == sim.summary["weights_sha256"]
 
 
-@pytest.mark.parametrize("name", ["dcasgd-a", "agn", "aeasgd", "ssgd"])
+@pytest.mark.parametrize("name", ["dcasgd-a", "agn", "aeasgd", "ssgd", "dana-dc", "async-local-sgd"])
 def test_a_third_runtime_checkpoints_and_resumes_through_the_contract(tmp_path, name):
     full = train(RoundRobin(), name)
     path = tmp_path / "ck.pt"

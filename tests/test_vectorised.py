@@ -42,6 +42,9 @@ def both(algo, workers, delay, model="mlp", train=TRAIN, test=TEST, **kw):
     ("dcasgd-a", 4, "straggler:4"),
     ("ssgd", 3, "gamma:1"),
     ("sgd", 1, "uniform"),
+    ("sasgd", 4, "exponential"),
+    ("gap-aware", 3, "gamma:2"),
+    ("dana-dc", 4, "heterogeneous:sqrt"),   # the gradients at each worker's look-ahead, stacked
 ])
 def test_same_weights_and_tau_sequence_as_one_by_one(algo, workers, delay):
     one, vec = both(algo, workers, delay)
@@ -117,6 +120,8 @@ def test_batched_gradient_equals_each_workers_gradient():
     ("dynsgd", 3, "straggler:4", {"window": 2, "local_opt": "sgd"}),
     ("easgd", 3, "gamma:1", {"window": 2}),
     ("aeasgd", 4, "heterogeneous:sqrt", {"window": 3}),
+    ("diloco", 3, "gamma:1", {"window": 2}),
+    ("async-local-sgd", 4, "exponential", {"window": 2}),
 ])
 def test_commit_rules_same_weights_and_tau_sequence_as_one_by_one(algo, workers, delay, params):
     """The windows of waiting workers run stacked; under uneven delays the workers of one batch have

@@ -1,19 +1,23 @@
-"""Every algorithm of both papers and their baselines, by name."""
+"""Every algorithm of both papers, their baselines and the rules that came after, by name."""
 from __future__ import annotations
 
 import warnings
 
 from ..errors import ConfigError
-from .agn import AGN, CommitAlgorithm, Downpour
+from .agn import AGN, AccumulatedCommit, CommitAlgorithm, Downpour
 from .base import Algorithm, GradientAlgorithm
+from .dana import DANADC, DANAZero
 from .dcasgd import DCASGDAdaptive, DCASGDConstant
 from .dynsgd import DynSGD
 from .easgd import AEASGD, EASGD
+from .local_sgd import AsyncLocalSGD, DiLoCo
+from .penalised import GapAware, StalenessAwareASGD
 from .sgd import ASGD, SGD, SSGD
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (SGD, SSGD, ASGD, DCASGDConstant, DCASGDAdaptive, AGN, Downpour, DynSGD, EASGD, AEASGD)
+    for cls in (SGD, SSGD, ASGD, DCASGDConstant, DCASGDAdaptive, AGN, Downpour, DynSGD, EASGD, AEASGD,
+                StalenessAwareASGD, GapAware, DANAZero, DANADC, DiLoCo, AsyncLocalSGD)
 }
 
 
@@ -51,4 +55,5 @@ def make_algorithm(name: str, **params) -> Algorithm:
 
 __all__ = ["ALGORITHMS", "make_algorithm", "Algorithm", "GradientAlgorithm", "CommitAlgorithm",
            "SGD", "SSGD", "ASGD", "DCASGDConstant", "DCASGDAdaptive", "AGN", "Downpour", "DynSGD",
-           "EASGD", "AEASGD"]
+           "EASGD", "AEASGD", "AccumulatedCommit", "StalenessAwareASGD", "GapAware", "DANAZero", "DANADC",
+           "DiLoCo", "AsyncLocalSGD"]

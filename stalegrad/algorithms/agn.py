@@ -5,6 +5,15 @@ local optimizer (Adam by default, as in the paper), and commits the change
 it made. AGN divides the change by the window (a scalar: the update is
 *averaged*, not L2-normalised); DOWNPOUR commits it as it is. The server adds
 the commit: there is no server learning rate.
+
+The server may instead apply an outer optimizer to the commit c, whose
+negative is DiLoCo's pseudo-gradient (Douillard et al., arXiv 2311.08105):
+
+    sgd:       w <- w + outer_lr * c                  (outer_lr 1: the commit as it is, the default)
+    nesterov:  b <- mu*b + c;  w <- w + outer_lr * (c + mu*b)
+
+which is torch.optim.SGD(lr=outer_lr, momentum=mu, nesterov=True) stepping on
+the pseudo-gradient -c, with b the negative of its momentum buffer.
 """
 from __future__ import annotations
 
@@ -14,7 +23,7 @@ from typing import ClassVar
 from .._lazy import torch
 from ..errors import ConfigError
 from . import local_opt
-from .base import Algorithm, check_nonnegative, elementwise, param
+from .base import Algorithm, check_fraction, check_nonnegative, check_positive, elementwise, param
 
 
 @dataclass(frozen=True)
@@ -82,7 +91,39 @@ class CommitAlgorithm(Algorithm):
 
 
 @dataclass(frozen=True)
-class AGN(CommitAlgorithm):
+class AccumulatedCommit(CommitAlgorithm):
+    """Commit rules whose server applies an outer optimizer to the (scaled) commit."""
+    outer_opt: str = param("sgd", "the server's outer optimizer on the commit (the negative pseudo-gradient); "
+                           "sgd at outer-lr 1 adds the commit as it is", "--outer-opt", ("sgd", "nesterov"))
+    outer_lr: float = param(1.0, "learning rate of the outer optimizer", "--outer-lr")
+    outer_momentum: float = param(0.9, "momentum mu of the nesterov outer optimizers", "--outer-momentum")
+
+    per_element_state = ("outer_buffer",)
+
+    def validate(self):
+        super().validate()   # outer_opt among the field's choices: delayed-nesterov counts updates in a
+        check_positive(self, "outer_lr")   # scalar, which only async-local-sgd's unchunked rule can do
+        check_fraction(self, "outer_momentum")
+
+    def server_init(self, w, num_workers):
+        return {"outer_buffer": torch.zeros_like(w)} if self.outer_opt != "sgd" else {}
+
+    def outer_step(self, state: dict, commit, scale: float, out) -> tuple:
+        """The update outer_opt makes of ``scale * commit``, as (t, s) for ``s * t``."""
+        if self.outer_opt == "sgd":
+            return commit, self.outer_lr * scale   # outer_lr 1, scale 1: w + commit, today's rule
+        c = commit if scale == 1.0 else torch.mul(commit, scale, out=out)
+        b = state["outer_buffer"]
+        b.mul_(self.outer_momentum).add_(c)
+        return torch.add(c, b, alpha=self.outer_momentum, out=out), self.outer_lr
+
+    @elementwise
+    def server_delta(self, state, w, worker, msg, tau, lr, out):
+        return self.outer_step(state, msg, 1.0, out)
+
+
+@dataclass(frozen=True)
+class AGN(AccumulatedCommit):
     name = "agn"
     summary = "accumulated gradient normalisation (Hermans et al. 2017): commit the local change divided by the window"
     rule = "worker: window local steps from the pulled w, commit (w_local - w_pulled)/window;  server: w <- w + commit"
@@ -90,7 +131,7 @@ class AGN(CommitAlgorithm):
 
 
 @dataclass(frozen=True)
-class Downpour(CommitAlgorithm):
+class Downpour(AccumulatedCommit):
     name = "downpour"
     summary = "DOWNPOUR (Dean et al. 2012): commit the accumulated local change, un-normalised"
     rule = "worker: window local steps from the pulled w, commit (w_local - w_pulled);  server: w <- w + commit"

@@ -15,7 +15,8 @@ Worker side
 
 Server side
     ``server_init(w, num_workers)``            -> server state (a dict)
-    ``on_pull(state, worker, w)``              -> record what the worker pulled
+    ``on_pull(state, worker, w)``              -> record what the worker pulled; None, or the
+        weights to send instead of ``w`` (DANA: a look-ahead position the server computes)
     ``server_delta(state, w, worker, msg, tau, lr, out)``
         write into ``out`` the amount to *add* to ``w`` (asynchronous rules),
         or return a pair ``(t, s)``: the amount is then ``s * t``, which the
@@ -86,6 +87,9 @@ class Algorithm:
     # Keys of the server state that hold per-element tensors shaped like w (or lists of them, one
     # per worker); an @elementwise rule gets these sliced to a chunk and every other key as it is.
     per_element_state: ClassVar[tuple[str, ...]] = ()
+    # The simulator's probes (--probe-every) take the update to be -lr times the gradient, or the
+    # commit itself; rules whose update is something else are not probed.
+    probed: ClassVar[bool] = True
 
     # ---- introspection (CLI, docs, config) ---------------------------------
     @classmethod
@@ -104,6 +108,14 @@ class Algorithm:
                 raise ConfigError(f.name, f"must be one of {', '.join(map(str, choices))}, got {value!r}", self.name)
             if isinstance(f.default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ConfigError(f.name, f"must be a number, got {value!r}", self.name)
+
+    def default_lr(self) -> float | None:
+        """The learning rate a run takes when none is given; None: the run's own default
+        (0.1, or 0.001 with a local Adam)."""
+        return None
+
+    def check_workers(self, num_workers: int) -> None:
+        """Raise ConfigError if the hyper-parameters do not fit ``num_workers`` workers."""
 
     @property
     def steps_per_message(self) -> int:
@@ -124,8 +136,12 @@ class Algorithm:
     def server_init(self, w: Tensor, num_workers: int) -> dict:
         return {}
 
-    def on_pull(self, state: dict, worker: int, w: Tensor) -> None:
-        pass
+    def on_pull(self, state: dict, worker: int, w: Tensor) -> "Tensor | None":
+        """Record what ``worker`` pulls. Return None to send it the server's weights ``w``, or a
+        tensor shaped like ``w`` to send instead (the server copies it out before the next call, so it
+        may be a state tensor). Element i of it may depend only on element i of ``w`` and of the
+        per-element state, so that a server split into shards sends the same weights."""
+        return None
 
     def server_delta(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
                      out: Tensor) -> "tuple[Tensor, float] | None":
@@ -169,7 +185,7 @@ def check_fraction(algo: Algorithm, name: str, low_open: bool = False, high_open
 
 
 # --------------------------------------------------------------------------
-# Shared pieces of the gradient-push family (sgd, ssgd, asgd, dcasgd-*):
+# Shared pieces of the gradient-push family (sgd, ssgd, asgd, dcasgd-*, sasgd, gap-aware, dana-*):
 # the worker sends the gradient of one mini-batch at the weights it pulled;
 # the server turns a (possibly corrected) gradient into a step with optional
 # heavy-ball momentum and L2 weight decay, in the order of torch.optim.SGD.

@@ -26,15 +26,20 @@ CLI_ONLY = ("dataset", "model", "hidden", "data_dir", "config_file", "overwrite"
 
 
 def _algorithm_flags() -> dict[str, tuple]:
-    """Every algorithm hyper-parameter as (flag, type, help), merged by name."""
+    """Every algorithm hyper-parameter as (flag, type, help), merged by name (a choice parameter takes
+    the choices of every algorithm that has it: each algorithm checks its own)."""
     flags: dict[str, tuple] = {}
+    choices: dict[str, list] = {}
     for cls in ALGORITHMS.values():
         for f in cls.hyperparameters():
+            for c in f.metadata.get("choices") or ():
+                if c not in choices.setdefault(f.name, []):
+                    choices[f.name].append(c)
             if f.name not in flags:
-                choices = f.metadata.get("choices")
-                ftype = click.Choice(choices) if choices else {int: int, float: float}.get(type(f.default), str)
-                flags[f.name] = (f.metadata["flag"], ftype, f.metadata["help"])
-    return flags
+                flags[f.name] = (f.metadata["flag"], {int: int, float: float}.get(type(f.default), str),
+                                 f.metadata["help"])
+    return {name: (flag, click.Choice(choices[name]) if name in choices else ftype, help_)
+            for name, (flag, ftype, help_) in flags.items()}
 
 
 ALGO_FLAGS = _algorithm_flags()

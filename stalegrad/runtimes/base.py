@@ -11,7 +11,8 @@ round-robin runtime of a few dozen lines through it end to end.
 
 The loop of every runtime, for worker m (``w = factory.build(m)``)::
 
-    pulled = training.server.pull(m)                  # elastic rules pull after compute
+    pulled = training.server.pull(m)                  # elastic rules pull after compute; what pull returns
+                                                      # (DANA: a look-ahead, not w) is what m computes at
     loss, computed = w.compute(pulled, training.lr)
     training.server.push(m, w.message(pulled, computed), training.lr)
     training.after_push(w.samples_per_message, loss, now, train_acc=w.train_acc)

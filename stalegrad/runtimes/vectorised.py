@@ -35,9 +35,10 @@ collected during the batched call and folded in (every local step's, in order)
 when that worker's event is popped, so evaluations in between see the same
 statistics.
 
-Scope: the gradient algorithms (sgd, ssgd, asgd, dcasgd-c, dcasgd-a, whose
-message is one gradient at the pulled weights: ``Algorithm.vectorisable``) and
-the commit and elastic ones. Runs whose learning rate changes (commit rules),
+Scope: the gradient algorithms (sgd, ssgd, asgd, dcasgd-c, dcasgd-a, sasgd,
+gap-aware, dana-zero, dana-dc, whose message is one gradient at the pulled
+weights, DANA's look-ahead included: ``Algorithm.vectorisable``) and the commit
+and elastic ones. Runs whose learning rate changes (commit rules),
 models too large to stack two workers on the CPU (commit rules:
 ``CPU_STACK_BYTES``), trace replays (pulls at recorded versions), checkpoints
 (they save the workers' streams mid-flight) and dropout (random numbers per
@@ -71,7 +72,7 @@ def unsupported(training: Training, delay, resume) -> str | None:
     algo = training.server.algorithm
     if not (algo.vectorisable and algo.pull_before_compute) and not algo.batched_compute:
         return (f"{algo.name} neither sends one gradient at the pulled weights nor batches its local steps "
-                "(sgd, ssgd, asgd, dcasgd-c, dcasgd-a, agn, downpour, dynsgd, easgd and aeasgd do)")
+                "(the gradient, commit and elastic rules do)")
     if algo.batched_compute and constant_lr(training) is not True:
         return "the learning rate changes during the run, and a batch of windows would use the rate at its start"
     if algo.batched_compute and window_group(training.worker_factory.model) < 2:
