@@ -162,7 +162,7 @@ class RunConfig:
         if steps > 1 and steps * self.batch_size > budget:   # the run would be one commit, past its budget
             raise ConfigError("window", f"is {steps}: one commit of {steps} mini-batches of {self.batch_size} is "
                                         f"{steps * self.batch_size} samples, more than the whole budget of "
-                                        f"{self.epochs:g} epochs ({budget} samples); give at most window "
+                                        f"{self.epochs:g} epoch{'s' * (format(self.epochs, 'g') != '1')} ({budget} samples); give at most window "
                                         f"{max(1, budget // self.batch_size)}, or more epochs",
                               self.algorithm.name, mentions=("window",))
         per_worker = n if self.partition == "iid" else n // self.workers
