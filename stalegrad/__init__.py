@@ -23,10 +23,26 @@ import os
 # wait policy or spin count the user set wins.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-# MKL's matrix products give the same bits at any thread count in strict CNR mode, which MKL reads from
-# this variable when it starts (stalegrad/numerics.py; the simulator checks it and falls back to one
-# thread where torch had already started MKL). A mode the user set wins.
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+# The same bits at any thread count and on any x86-64 CPU with AVX2 (stalegrad/numerics.py). MKL's
+# matrix products are thread-count independent in strict CNR mode, and the same on every CPU when its
+# code branch is pinned; torch's own kernels are the same when their instruction set is pinned
+# (AVX512 kernels round differently from AVX2 ones). Both are read when torch starts, so this acts only
+# if stalegrad is imported before torch (the simulator checks MKL and falls back to one thread where
+# torch had already started it). Measured cost on an AVX512 machine: 0 to 12% (docs/performance.md,
+# "Reproducible bits"). A value the user set wins; without AVX2, MKL chooses its branch (AUTO).
+def _has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " avx2" in line for line in f)
+    except OSError:
+        return False
+
+
+if _has_avx2():
+    os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+else:
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 __version__ = "0.3.0"
 

@@ -7,23 +7,29 @@ With OMP_NUM_THREADS=1 and 2 the same asgd run then ended with different ``weigh
 chaotic learning rate, 0.40 against 0.10 test accuracy. The simulator promises that a seed fixes the
 bits, so while it runs (``pinned``):
 
-- MKL runs in *strict conditional numerical reproducibility* (``MKL_CBWR=AUTO,STRICT``): its matrix
-  products give the same bits whatever the number of threads. ``import stalegrad`` sets the variable
-  (unless the user did); MKL reads it when it starts, and a later ``mkl_cbwr_set`` is refused once MKL
-  has computed anything, so where torch had already used MKL without it, the run falls back to one
-  thread, which gives the same bits (tested);
-- oneDNN is off (``torch.backends.mkldnn``): convolutions use torch's own im2col and MKL's products.
+- MKL runs in *strict conditional numerical reproducibility* on its AVX2 code branch
+  (``MKL_CBWR=AVX2,STRICT``; ``AUTO,STRICT`` on a CPU without AVX2): its matrix products give the same
+  bits whatever the number of threads. ``import stalegrad`` sets the variable (unless the user did);
+  MKL reads it when it starts, and a later ``mkl_cbwr_set`` is refused once MKL has computed anything,
+  so where torch had already used MKL without it, the run falls back to one thread, which gives the
+  same bits (tested);
+- oneDNN is off (``torch.backends.mkldnn``): convolutions use torch's own im2col and MKL's products;
+- torch's own kernels use their AVX2 versions (``ATEN_CPU_CAPABILITY=avx2``, also set by ``import
+  stalegrad`` on an AVX2 CPU unless the user chose): AVX512 kernels round differently, so without the
+  pin a machine with AVX512 gave other bits than one without.
 
 Tested equal at 1 and 2 threads for every model of the zoo, the gradient, commit and vectorised paths
-(tests/test_numerics.py). What still fixes the bits is recorded in config.json (``numerics``): the CPU
-instruction set torch's kernels use (``cpu_capability``: AVX2 and AVX512 kernels round differently),
-MKL's code branch, torch's version and the server's kernel path. ``MKL_CBWR=AVX2,STRICT
-ATEN_CPU_CAPABILITY=avx2`` pins both to AVX2 (docs/performance.md, "Reproducible bits").
+(tests/test_numerics.py). Across CPU kinds: three runs made on another EPYC VM with the AVX2 pin gave the
+hashes an AVX2-only EPYC gives by default; without the pin they differed there (docs/performance.md,
+"Reproducible bits"). What still fixes the bits is recorded in config.json
+(``numerics``): torch's version, the instruction set torch's kernels use (``cpu_capability``), MKL's
+mode as MKL reports it and as it was asked (``mkl_cbwr``, ``mkl_cbwr_env``), and the server's kernel path.
 
 The thread count is then free to follow the machine: ``ThreadGovernor`` measures the simulator's speed
-at one thread and at every core, and keeps the faster. On a quiet 2-core machine two threads ran the
-mlp 1.6x faster; with other processes on the cores, one thread ran 4-8x faster than two (a thread
-waits at every barrier for a descheduled peer; docs/performance.md, "Threads under load").
+at one thread, half and all of the cores, and keeps the fastest. On a quiet 2-core machine two threads
+ran the mlp 1.2x and the agn-mlp 1.7x faster than one; beside two busy processes one thread ran the mlp
+2.6x faster than two (a thread waits at every barrier for a descheduled peer; docs/performance.md,
+"Threads under load").
 """
 from __future__ import annotations
 
@@ -156,7 +162,8 @@ def describe(governor: ThreadGovernor | None = None) -> dict:
     """What, besides the seed and the options, fixes the bits of a simulated run (config.json)."""
     mode = mkl_mode()
     out = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-           "mkl_cbwr": describe_mode(mode), "mkldnn": False,
+           # MKL's mode as it reports it (an AMD CPU reports a requested AVX2 branch as AUTO) and as asked
+           "mkl_cbwr": describe_mode(mode), "mkl_cbwr_env": os.environ.get(ENV), "mkldnn": False,
            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}
     if governor is not None:
         out["threads"] = governor.max if governor.fixed else "auto"

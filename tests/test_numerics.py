@@ -136,10 +136,32 @@ def test_simulator_threads_are_checked():
             sg.Simulator(threads=bad)
 
 
-def test_import_sets_strict_mkl_unless_the_user_chose():
-    show = "import stalegrad, os; print(os.environ.get('MKL_CBWR'))"
-    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+def has_avx2() -> bool:   # independent of stalegrad's own check: the CPU's flags as Python reads them
+    try:
+        return "avx2" in next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+
+
+def test_import_pins_portable_numerics_unless_the_user_chose():
+    show = "import stalegrad, os; print(os.environ.get('MKL_CBWR'), os.environ.get('ATEN_CPU_CAPABILITY'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY")}
     run_ = lambda **e: subprocess.run([sys.executable, "-c", show], env={**env, **e}, capture_output=True,  # noqa: E731
                                       text=True, check=True).stdout.strip()
-    assert run_() == "AUTO,STRICT"
-    assert run_(MKL_CBWR="AVX2,STRICT") == "AVX2,STRICT"
+    # AVX2 kernels and MKL's AVX2 branch, strict: the same bits on every x86-64 CPU with AVX2
+    assert run_() == ("AVX2,STRICT avx2" if has_avx2() else "AUTO,STRICT None")
+    assert run_(MKL_CBWR="AUTO,STRICT") == ("AUTO,STRICT avx2" if has_avx2() else "AUTO,STRICT None")
+    assert run_(ATEN_CPU_CAPABILITY="default", MKL_CBWR="AVX512,STRICT") == "AVX512,STRICT default"
+
+
+def test_config_records_the_pinned_numerics():
+    code = ("import stalegrad as sg, json; tr, te = sg.load_pair('digits'); "
+            "print(json.dumps(sg.train('logreg', tr, te, 'sgd', workers=1, epochs=0.05).config['numerics']))")
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY")}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    numerics = json.loads(p.stdout.splitlines()[-1])
+    if has_avx2():
+        assert numerics["mkl_cbwr_env"] == "AVX2,STRICT" and numerics["aten_cpu_capability_env"] == "avx2"
+        assert numerics["mkl_cbwr"].endswith(",STRICT")
+        assert numerics["cpu_capability"] == "AVX2"   # torch's kernels follow the pin, even on an AVX512 CPU
