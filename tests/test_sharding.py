@@ -22,7 +22,7 @@ MOMENTUM_STATE = ("dana-zero", "dana-dc")
 
 def algorithm(name):
     params = {"window": 2} if "window" in {f.name for f in ALGORITHMS[name].hyperparameters()} else {}
-    if name in ("asgd", "dcasgd-c", "dcasgd-a", "ssgd"):
+    if name in ("asgd", "dcasgd-c", "dcasgd-a", "ssgd", "sasgd", "gap-aware"):
         params.update(weight_decay=0.01)
     return make_algorithm(name, **params)
 

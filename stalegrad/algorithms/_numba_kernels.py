@@ -141,6 +141,113 @@ def dcasgd_a_parallel(g, w, w_bak, ms, mom_buf, old, lam0, ms_mom, ms_rate, eps,
     return bad
 
 
+@njit(**_INLINE)
+def _sasgd(i, g, w, wd, use_wd, scale):
+    # torch.add(g, w, alpha=wd, out=out).mul_(scale) = fma(w, wd, g)*scale; torch.mul(g, scale)
+    d = g[i]
+    if use_wd:
+        d = _fma(w[i], wd, d)
+    return d * scale
+
+
+@njit(**_INLINE)
+def _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap):
+    # C = torch.sqrt(v / bias).add_(eps).mul_(lr_max); G = torch.sub(w, w_bak).abs_().div_(C).add_(1);
+    # g / G. The square root is IEEE's (correctly rounded); torch's CPU sqrt (MKL's) is not always.
+    gi = g[i]
+    if not use_gap:
+        return gi
+    c = (_sqrt(v[i] / bias) + eps) * lr_max
+    return gi / (abs(w[i] - w_bak[i]) / c + one)
+
+
+@njit(**_INLINE)
+def _apply_tracked(d, i, w, mom_buf, v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit):
+    """_apply, and the running average of the step's square: v.mul_(beta).addcmul_(d, d, value=rate)
+    = fma(rate*d, d, v*beta), d the direction after weight decay and momentum."""
+    wi = w[i]
+    if use_wd:
+        d = _fma(wi, wd, d)
+    if use_mom:
+        d = mom_buf[i] * mom + d
+        mom_buf[i] = d
+    v[i] = _fma(rate * d, d, v[i] * beta)
+    old[i] = wi
+    w[i] = _fma(d, s, wi)
+    return 0 if abs(d) <= limit else 1
+
+
+@njit(**_INLINE)
+def _dana(i, g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
+    # (DANA-DC: d = _dcasgd_c's g_dc); torch.add(d, w, alpha=wd) = fma(w, wd, d);
+    # change = torch.add(d, v, alpha=gamma-1) = fma(v, gamma-1, d); v.add_(change); vsum.add_(change);
+    # w.add_(v, alpha=s) = fma(v, s, w)
+    d = _dcasgd_c(i, g, w, w_bak, lam) if use_dc else g[i]
+    wi = w[i]
+    if use_wd:
+        d = _fma(wi, wd, d)
+    vi = v[i]
+    change = _fma(vi, mom_m1, d)
+    vi = vi + change
+    v[i] = vi
+    vsum[i] = vsum[i] + change
+    old[i] = wi
+    w[i] = _fma(vi, s, wi)
+    return 0 if abs(vi) <= limit else 1
+
+
+@njit(**_SERIAL)
+def sasgd(g, w, mom_buf, old, scale, wd, mom, use_wd, use_mom, s, limit):
+    bad = 0
+    for i in range(g.size):
+        bad += _apply(_sasgd(i, g, w, wd, use_wd, scale), i, w, mom_buf, old, wd, mom, False, use_mom, s, limit)
+    return bad
+
+
+@njit(**_PARALLEL)
+def sasgd_parallel(g, w, mom_buf, old, scale, wd, mom, use_wd, use_mom, s, limit):
+    bad = 0
+    for i in prange(g.size):
+        bad += _apply(_sasgd(i, g, w, wd, use_wd, scale), i, w, mom_buf, old, wd, mom, False, use_mom, s, limit)
+    return bad
+
+
+@njit(**_SERIAL)
+def gap_aware(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, use_gap, beta, rate, wd, mom, use_wd, use_mom,
+              s, limit):
+    bad = 0
+    for i in range(g.size):
+        d = _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap)
+        bad += _apply_tracked(d, i, w, mom_buf, v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
+    return bad
+
+
+@njit(**_PARALLEL)
+def gap_aware_parallel(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, use_gap, beta, rate, wd, mom, use_wd,
+                       use_mom, s, limit):
+    bad = 0
+    for i in prange(g.size):
+        d = _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap)
+        bad += _apply_tracked(d, i, w, mom_buf, v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
+    return bad
+
+
+@njit(**_SERIAL)
+def dana(g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
+    bad = 0
+    for i in range(g.size):
+        bad += _dana(i, g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit)
+    return bad
+
+
+@njit(**_PARALLEL)
+def dana_parallel(g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
+    bad = 0
+    for i in prange(g.size):
+        bad += _dana(i, g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit)
+    return bad
+
+
 # max over i of (bits[i] & 0x7fffffff), bits the int32 view of a float32 vector: the largest
 # magnitude's bit pattern, above 0x7f800000 for a NaN (an integer reduction: it vectorises
 # without reordering float arithmetic).
@@ -166,13 +273,21 @@ def warm() -> dict:
     v = np.ones(8, np.float32)
     f, t = np.float32(0.5), True
     kernels = {"sgd": (sgd, sgd_parallel), "dcasgd_c": (dcasgd_c, dcasgd_c_parallel),
-               "dcasgd_a": (dcasgd_a, dcasgd_a_parallel), "max_abs_bits": (max_abs_bits, max_abs_bits_parallel)}
+               "dcasgd_a": (dcasgd_a, dcasgd_a_parallel), "max_abs_bits": (max_abs_bits, max_abs_bits_parallel),
+               "sasgd": (sasgd, sasgd_parallel), "gap_aware": (gap_aware, gap_aware_parallel),
+               "dana": (dana, dana_parallel)}
     for k in kernels["sgd"]:
         k(v, v.copy(), v.copy(), v.copy(), f, f, t, t, f, f)
     for k in kernels["dcasgd_c"]:
         k(v, v.copy(), v, v.copy(), v.copy(), f, f, f, t, t, f, f)
     for k in kernels["dcasgd_a"]:
         k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, f, f, f, f, f, t, t, f, f)
+    for k in kernels["sasgd"]:
+        k(v, v.copy(), v.copy(), v.copy(), f, f, f, t, t, f, f)
+    for k in kernels["gap_aware"]:
+        k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, f, f, f, t, f, f, f, f, t, t, f, f)
+    for k in kernels["dana"]:
+        k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, t, f, f, t, f, f)
     for k in kernels["max_abs_bits"]:
         k(v.view(np.int32))
     return kernels

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._lazy import torch
+from . import fused
 from .base import GradientAlgorithm, check_nonnegative, param
 
 
@@ -77,7 +78,12 @@ class DANAZero(GradientAlgorithm):
         return v, -lr
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old):
-        return None
+        # One pass (the look-ahead of on_pull stays one torch operator: a pass of its own, at pull time)
+        finite = fused.dana_apply(msg, w, state["w_bak"][worker] if "w_bak" in state else None,
+                                  state["momenta"][worker], state["momentum_sum"], old, lam=getattr(self, "lam", None),
+                                  gamma=self.momentum, weight_decay=self.weight_decay, s=-lr)
+        state["lr"] = lr
+        return finite
 
 
 @dataclass(frozen=True)

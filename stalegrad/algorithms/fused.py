@@ -9,9 +9,12 @@ finite float32. The server puts the old ``w`` back when that count is not zero, 
 update is still applied whole or not at all (``ParameterServer.prepare``/``commit``).
 
 Rounding: every operation rounds as the torch operator it replaces (float32, same order,
-a fused multiply-add exactly where torch's CPU kernels use one). sgd, asgd and dcasgd-c
-give torch's bits; dcasgd-a differs in the last bit of some elements because its square
-root here is IEEE's, correctly rounded, and torch's CPU ``sqrt`` (MKL) is not always.
+a fused multiply-add exactly where torch's CPU kernels use one). sgd, asgd, dcasgd-c, sasgd,
+dana-zero and dana-dc give torch's bits; dcasgd-a and gap-aware differ in the last bit of
+some elements because their square root here is IEEE's, correctly rounded, and torch's CPU
+``sqrt`` (MKL) is not always. Rules whose state has scalars (gap-aware's update count and
+largest rate, DANA's last rate) update them in ``fused_apply``, once per call: a kernel runs
+on the whole vectors, never on the server's chunks.
 No fast-math: the same inputs give the same bits on every run (tests/test_fused.py).
 
 Optional: ``pip install 'stalegrad[fast]'`` brings numba. Without it, for tensors on a GPU,
@@ -169,3 +172,37 @@ def dcasgd_a_apply(g, w, w_bak, mean_square, momentum_buffer, old, *, lam0: floa
     f = np.float32
     return _kernel("dcasgd_a", g.numel())(g.numpy(), w_, w_bak.numpy(), mean_square.numpy(), buf, old_, f(lam0),
                                f(ms_momentum), f(1 - ms_momentum), f(eps), *scalars) == 0
+
+
+def sasgd_apply(g, w, momentum_buffer, old, *, scale: float, weight_decay: float, momentum: float,
+                s: float) -> bool:
+    """w += s * sgd_step((g + weight_decay*w) * scale), the weight decay inside the scaling and the
+    momentum outside it (sasgd's order); as ``sgd_apply``."""
+    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
+    return _kernel("sasgd", g.numel())(g.numpy(), w_, buf, old_, np.float32(scale), *scalars) == 0
+
+
+def gap_aware_apply(g, w, w_bak, step_square, momentum_buffer, old, *, updates: int, lr_max: float, beta: float,
+                    eps: float, weight_decay: float, momentum: float, s: float) -> bool:
+    """d = sgd_step(g / G) (G = 1 + |w - w_bak| / (lr_max*(sqrt(v/(1 - beta^updates)) + eps)), 1 when
+    ``updates`` is 0), then v <- beta*v + (1-beta)*d*d and w += s*d; as ``sgd_apply``."""
+    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
+    f = np.float32
+    bias = f(1 - beta ** updates) if updates else f(1)
+    return _kernel("gap_aware", g.numel())(g.numpy(), w_, w_bak.numpy(), step_square.numpy(), buf, old_, bias,
+                                           f(eps), f(lr_max), f(1), bool(updates), f(beta), f(1 - beta),
+                                           *scalars) == 0
+
+
+def dana_apply(g, w, w_bak, momentum, momentum_sum, old, *, lam: float | None, gamma: float, weight_decay: float,
+               s: float) -> bool:
+    """DANA's server step: d = g (DANA-DC, ``lam`` not None: g + lam*g*g*(w - w_bak)) + weight_decay*w,
+    change = (gamma - 1)*v + d, v += change, momentum_sum += change, w += s*v; as ``sgd_apply``
+    (``old`` gets the old w, True when s*v is finite)."""
+    f = np.float32
+    dc = lam is not None
+    v = momentum.numpy()
+    bak = w_bak.numpy() if dc else v   # not read without the delay compensation
+    return _kernel("dana", g.numel())(g.numpy(), w.numpy(), bak, v, momentum_sum.numpy(), old.numpy(),
+                                      f(lam if dc else 0.0), dc, f(gamma - 1), f(weight_decay), bool(weight_decay),
+                                      f(s), finite_limit(s)) == 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._lazy import torch
+from . import fused
 from .base import GradientAlgorithm, check_fraction, check_positive, elementwise, param
 
 
@@ -58,7 +59,10 @@ class StalenessAwareASGD(GradientAlgorithm):
         return direction, -lr
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old):
-        return None
+        if not (self.momentum or self.weight_decay):
+            return None   # the torch path is already one pass: w.add_(g, alpha=-lr/(tau+1))
+        return fused.sasgd_apply(msg, w, state.get("momentum_buffer"), old, scale=1.0 / (tau + 1),
+                                 weight_decay=self.weight_decay, momentum=self.momentum, s=-lr)
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ class GapAware(GradientAlgorithm):
     def on_pull(self, state, worker, w):
         state["w_bak"][worker].copy_(w)
 
-    # Not @elementwise: it counts updates in scalars, which a chunk could not write back.
+    # Not @elementwise: it counts updates in scalars, which a chunk could not write back (the fused
+    # kernel runs on the whole vectors and fused_apply updates the scalars once).
     def server_delta(self, state, w, worker, msg, tau, lr, out):
         state["lr_max"] = max(state["lr_max"], lr)
         k = state["updates"]
@@ -111,5 +116,11 @@ class GapAware(GradientAlgorithm):
         return direction, -lr
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old):
-        return None
+        # One call on the whole vectors: the scalars are updated here, once, as server_delta does.
+        state["lr_max"] = max(state["lr_max"], lr)
+        k = state["updates"]
+        state["updates"] = k + 1
+        return fused.gap_aware_apply(msg, w, state["w_bak"][worker], state["step_square"], state.get("momentum_buffer"),
+                                     old, updates=k, lr_max=state["lr_max"], beta=self.ga_beta, eps=self.ga_eps,
+                                     weight_decay=self.weight_decay, momentum=self.momentum, s=-lr)
 
