@@ -4,7 +4,8 @@ The real path, NaN/Inf checks included, on flat float32 vectors, on both kernel
 paths in the same rounds: "torch" (the rules' torch operators) and "numba" (the
 fused kernels of stalegrad/algorithms/fused.py; skipped without numba). Bytes an
 update must move: read the gradient and the weights (and the worker's
-snapshot, and its MeanSquare), write the weights (and the MeanSquare). The
+snapshot, its MeanSquare, the momenta of DANA), write the weights (and the
+state the rule updates: see RULES). The
 roofline is a large memory copy, ``dst.copy_(src)``, counted as bytes read
 plus written, timed in the same rounds.
 """
@@ -26,6 +27,12 @@ RULES = {
     "dcasgd-a": ("dcasgd-a", {}, 6),          # read g, w, w_bak[m], ms[m]; write w, ms[m]
     "dynsgd": ("dynsgd", {}, 3),              # read commit, w; write w
     "agn": ("agn", {}, 3),                    # read commit, w; write w
+    # issue 20's gradient rules
+    "sasgd": ("sasgd", {}, 3),                # read g, w; write w (torch's add on both paths)
+    "sasgd+momentum": ("sasgd", {"momentum": 0.9, "weight_decay": 1e-4}, 5),   # read g, w, buf; write w, buf
+    "gap-aware": ("gap-aware", {}, 6),        # read g, w, w_bak[m], v; write w, v
+    "dana-zero": ("dana-zero", {}, 7),        # read g, w, v[m], sum(v); write w, v[m], sum(v)
+    "dana-dc": ("dana-dc", {}, 8),            # read g, w, w_hat[m], v[m], sum(v); write w, v[m], sum(v)
 }
 WORKERS = 4
 LR = 0.1
