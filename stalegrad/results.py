@@ -201,7 +201,7 @@ def _parse(d: Path, name: str, text: str, line: int):
 
 # The numbers a record may hold (or null, for a non-finite value); any other key is left alone.
 METRIC_NUMBERS = ("epoch", "updates", "samples", "wall_s", "virtual_s", "lr", "train_loss", "train_acc", "test_loss",
-                  "test_acc", "tau_mean", "nonfinite_skipped")
+                  "test_acc", "val_loss", "val_acc", "tau_mean", "nonfinite_skipped")
 MESSAGE_NUMBERS = ("samples", "wall_s", "virtual_s", "loss", "train_acc")
 
 
