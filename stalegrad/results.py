@@ -276,3 +276,12 @@ def flat_config(cfg: dict) -> tuple[dict, set]:
             if part == "algorithm":
                 algo_keys.add(name)
     return out, algo_keys
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a text file (at most 500 characters), or "" when there is none."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    return lines[-1][:500] if lines else ""
