@@ -93,11 +93,14 @@ def edges(chosen: dict, values: dict) -> list[dict]:
     return out
 
 
-def extend(values, side: str) -> float:
+def extend(values, side: str) -> float | None:
     """The value one step beyond the ``side`` ("smallest" or "largest") end of the sorted ``values``:
-    the ratio of the two outermost values for positive values (a geometric grid), else their difference."""
+    the ratio of the two outermost values when every value is positive (a geometric grid), else their
+    difference; None below a smallest value of 0 (lr, lam, lam0, window are not negative)."""
     a, b = (values[1], values[0]) if side == "smallest" else (values[-2], values[-1])
-    if a > 0 and b > 0:
+    if side == "smallest" and b == 0:
+        return None
+    if all(v > 0 for v in values):
         nxt = b * (b / a)
     else:
         nxt = b + (b - a)
@@ -107,5 +110,7 @@ def extend(values, side: str) -> float:
 def edge_text(edge: dict) -> str:
     """One line: ``lr 0.1 is the largest of 0.01, 0.03, 0.1: extend the grid (e.g. 0.333)``."""
     shown = ", ".join(f"{v:g}" for v in edge["values"])
+    if edge["suggest"] is None:
+        return f"{edge['axis']} {edge['value']:g} is the smallest of {shown}, the smallest possible: no correction is best"
     return (f"{edge['axis']} {edge['value']:g} is the {edge['side']} of {shown}: the best value may lie "
             f"outside the grid; extend it (e.g. {edge['axis']} {edge['suggest']:g})")
