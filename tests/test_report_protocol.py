@@ -151,6 +151,10 @@ def test_the_cli_flags(tmp_path, capsys):
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "o2"), "--select-seeds", "2-0"]) == 2
     err = capsys.readouterr().err
     assert "--select-seeds" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "o2").exists()
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "o2"), "--select-seeds", "0-2",
+                 "--report-seeds", "2-5"]) == 2
+    err = capsys.readouterr().err
+    assert "--select-seeds and --report-seeds share seed 2" in err and not (tmp_path / "o2").exists()
 
 
 GRID = """[fixed]
@@ -188,3 +192,18 @@ def test_a_good_protocol_table_reaches_the_report(tmp_path, capsys):
     assert main(["grid", str(f), "--dry-run"]) == 0
     from stalegrad.grid import load_grid
     assert load_grid(f).report["protocol"] == {"select_seeds": [0, 1], "report_seeds": [2, 3]}
+
+
+def test_a_grid_with_a_protocol_reports_it_and_warns_of_edges(tmp_path, capsys):
+    f = tmp_path / "g.toml"
+    f.write_text(GRID.format(fixed="val_split = 100", protocol="select_seeds = [0]\nreport_seeds = [1]")
+                 .replace("seeds = [0, 1, 2, 3]", "seeds = [0, 1]"))
+    assert main(["grid", str(f), "--out", str(tmp_path / "G"), "--jobs", "2"]) == 0
+    err = capsys.readouterr().err
+    rep = json.loads((tmp_path / "G" / "report" / "report.json").read_text())["protocol"]
+    assert rep["selected_on"] == "validation" and rep["select_seeds"] == [0] and rep["report_seeds"] == [1]
+    (sel,) = rep["selections"]               # two lr values: the selected one is always at an edge
+    assert sel["tuned"]["lr"] in (0.05, 0.1) and len(sel["edges"]) == 1
+    assert "grid: warning: asgd" in err and "extend it (e.g. lr" in err
+    md = (tmp_path / "G" / "report" / "report.md").read_text()
+    assert "## Protocol: selection on validation accuracy" in md

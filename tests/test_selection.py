@@ -128,6 +128,16 @@ def test_the_split_is_the_same_for_every_training_seed():
     assert a.summary["weights_sha256"] != b.summary["weights_sha256"]   # the seed still changes the training
 
 
+def test_a_model_with_batchnorm_statistics_splits_in_the_simulator_and_is_refused_by_runtime_local():
+    def bn():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                   torch.nn.Linear(16, 3))
+    with pytest.raises(ConfigError, match="val_split with runtime local needs a model without BatchNorm"):
+        sg.train(bn(), TRAIN, TEST, "asgd", 2, runtime="local", val_split=40, epochs=0.5, batch_size=16)
+    r = sg.train(bn(), TRAIN, TEST, "asgd", 2, val_split=40, epochs=0.5, batch_size=16)
+    assert 0 <= r.summary["final_val_acc"] <= 1
+
+
 # ---------------------------------------------------------------- the placebo arm
 
 

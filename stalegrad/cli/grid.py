@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import json
 import os
 import tomllib
 from collections import Counter
@@ -156,6 +157,12 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
     except StalegradError as e:
         raise RunError(f"the runs are done, but the report failed: {' '.join(str(e).split())}") from None
     _echo_err(f"grid: report -> {out_dir / 'report'}")
+    try:   # the protocol's grid-edge warnings, with the value to add (report_protocol.py)
+        edges = json.loads((out_dir / "report" / "report.json").read_text())["protocol"]["edge_warnings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        edges = []
+    for line in edges:
+        _echo_err(f"grid: warning: {line}")
 
 
 def check_layout(out: Path, report: bool = True) -> None:

@@ -56,6 +56,10 @@ def report(dirs, out, target, baseline, variant, heatmap, select_seeds, report_s
 
     def skipped(run_dir, reason):
         click.echo(f"stalegrad: warning: skipped {run_dir}: {reason}", err=True)
+    both = set(seed_list("--select-seeds", select_seeds) or ()) & set(seed_list("--report-seeds", report_seeds) or ())
+    if both:
+        raise click.UsageError(f"--select-seeds and --report-seeds share seed {min(both)}; keep them apart, "
+                               "e.g. --select-seeds 0-2 --report-seeds 3-9")
     protocol = {k: v for k, v in {"select_seeds": seed_list("--select-seeds", select_seeds),
                                   "report_seeds": seed_list("--report-seeds", report_seeds),
                                   "tune": names(tune), "compare": names(claims), "closure": names(closure)}.items()
