@@ -379,6 +379,8 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     probe_plots = plot_probes(report["probes"], out)
     write_json(out / "report.json", report)
     path = out / "report.md"
-    atomic_write(path, "\n".join([render(report), *render_protocol(report["protocol"]),
-                                   *render_probes(report["probes"], probe_plots)]).encode())
+    head, table, rest = render(report).partition("## Test accuracy")   # the protocol first: what it selected
+    text = "\n".join([head + "\n".join(render_protocol(report["protocol"])) + "\n" + table + rest,
+                      *render_probes(report["probes"], probe_plots)])
+    atomic_write(path, text.encode())
     return path

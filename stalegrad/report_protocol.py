@@ -224,6 +224,8 @@ def render_protocol(p: dict) -> list[str]:
            f"{p['level']:.0%}; t interval over seeds for means and paired differences, percentile bootstrap over "
            "seeds for the gap closure (stalegrad/stats.py).", ""]
     out += [f"**Warning:** {w}." for w in p["warnings"]] + ([""] if p["warnings"] else [])
+    out += ["The sections after this one describe every group on every seed, test accuracy included: they "
+            "select nothing.", ""]
     rows = []
     for s in p["selections"]:
         tuned = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in s["tuned"].items())

@@ -111,6 +111,7 @@ def edge_text(edge: dict) -> str:
     """One line: ``lr 0.1 is the largest of 0.01, 0.03, 0.1: extend the grid (e.g. 0.333)``."""
     shown = ", ".join(f"{v:g}" for v in edge["values"])
     if edge["suggest"] is None:
-        return f"{edge['axis']} {edge['value']:g} is the smallest of {shown}, the smallest possible: no correction is best"
+        return (f"{edge['axis']} {edge['value']:g} is the smallest of {shown}, and no smaller value exists: "
+                f"nothing to extend")
     return (f"{edge['axis']} {edge['value']:g} is the {edge['side']} of {shown}: the best value may lie "
             f"outside the grid; extend it (e.g. {edge['axis']} {edge['suggest']:g})")
