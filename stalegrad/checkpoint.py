@@ -45,6 +45,8 @@ def fingerprint(run) -> dict:
         "partition": config.partition,
         "seed": config.seed,
         "runtime": run.resolved.get("runtime", {}).get("name"),
+        # only with a validation split, so that checkpoints made before val_split still resume
+        **({"val_samples": run.resolved["val_samples"]} if run.resolved.get("val_samples") else {}),
     }
 
 

@@ -42,6 +42,7 @@ class RunConfig:
     checkpoint_every: int = 0
     init: str = "torch"                  # weight initialisation: torch, glorot-uniform, he-normal (models/init.py)
     probe_every: int = 0                 # simulator probes every this many server updates (stalegrad/prober.py)
+    val_split: int | float = 0           # training samples held out for validation: a count, or a fraction in (0, 1)
     extra: dict = field(default_factory=dict)   # recorded in config.json as given (data set, model name, ...)
 
     @classmethod
@@ -112,7 +113,21 @@ class RunConfig:
         self._check_probes(algo)
         self._check_device()
         return dataclasses.replace(self, algorithm=algo, workers=workers, epochs=epochs, eval_every=eval_every,
-                                   lr=lr, lr_gamma=lr_gamma, lr_milestones=milestones)
+                                   lr=lr, lr_gamma=lr_gamma, lr_milestones=milestones,
+                                   val_split=self._val_split())
+
+    def _val_split(self) -> int | float:
+        """``val_split`` as a count (an int >= 1), a fraction in (0, 1), or 0 (no split)."""
+        v = self.val_split
+        if _number(v) and math.isfinite(v) and (0 < v < 1 or v == 0 or (v >= 1 and v == int(v))):
+            return int(v) if v >= 1 or v == 0 else float(v)
+        raise ConfigError("val_split", f"must be a count of training samples to hold out (an integer >= 1), a "
+                                       f"fraction in (0, 1), or 0 for none, got {v!r}")
+
+    def val_samples(self, n: int) -> int:
+        """How many of ``n`` training samples this (validated) configuration holds out for validation."""
+        from .data.split import val_count
+        return val_count(self.val_split, n)
 
     def _milestones(self) -> tuple[float, ...]:
         try:
@@ -157,7 +172,15 @@ class RunConfig:
             raise ConfigError("train_data", "has a different number of samples and labels")
         if len(test_data.y) == 0:
             raise ConfigError("test_data", "is empty")
-        n = len(train_data.y)
+        n = total = len(train_data.y)
+        held = self.val_samples(total)
+        if self.val_split and held < 1:
+            raise ConfigError("val_split", f"is {self.val_split:g}: {self.val_split:g} x {total} training samples "
+                                           "rounds to 0 samples; give a larger fraction or a count >= 1")
+        if held >= total:
+            raise ConfigError("val_split", f"holds out {held} of the {total} training samples, leaving none to train "
+                                           "on; give fewer")
+        n = total - held
         budget, steps = int(round(self.epochs * n)), self.algorithm.steps_per_message
         if steps > 1 and steps * self.batch_size > budget:   # the run would be one commit, past its budget
             raise ConfigError("window", f"is {steps}: one commit of {steps} mini-batches of {self.batch_size} is "
@@ -166,6 +189,11 @@ class RunConfig:
                                         f"{max(1, budget // self.batch_size)}, or more epochs",
                               self.algorithm.name, mentions=("window",))
         per_worker = n if self.partition == "iid" else n // self.workers
+        if self.batch_size > per_worker and held and self.batch_size <= (total if self.partition == "iid"
+                                                                         else total // self.workers):
+            raise ConfigError("val_split", f"holds out {held} of the {total} training samples, leaving each worker "
+                                           f"{per_worker}, fewer than a mini-batch of {self.batch_size}; hold out at "
+                                           f"most {total - self.batch_size * (1 if self.partition == 'iid' else self.workers)}")
         if self.batch_size > per_worker:
             raise ConfigError("batch_size", f"is {self.batch_size}, larger than each worker's {per_worker} samples "
                                             f"({n} samples, {self.workers} workers); lower it or the workers, "
@@ -179,7 +207,8 @@ class RunConfig:
                 "lr_gamma": self.lr_gamma, "eval_every": self.eval_every, "partition": self.partition,
                 "seed": self.seed, "device": self.device, "on_nonfinite": self.on_nonfinite,
                 "checkpoint_every": self.checkpoint_every, "init": self.init, "probe_every": self.probe_every,
-                **self.extra}
+                # only with a split: the config.json of a run without one is as it was before val_split
+                **({"val_split": self.val_split} if self.val_split else {}), **self.extra}
 
 
 def probe_kind(algorithm: Algorithm) -> str | None:

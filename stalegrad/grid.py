@@ -1,6 +1,6 @@
 """Grids of runs: ``stalegrad grid FILE.toml --out DIR``, seeded and resumable.
 
-The file has three tables (experiments/README.md says more)::
+The file has four tables (experiments/README.md says more; [protocol]: ``report_protocol.py``)::
 
     [fixed]          # options of `stalegrad train`, keys as in --config (- or _): one value each
     dataset = "fashion-mnist"
@@ -12,6 +12,9 @@ The file has three tables (experiments/README.md says more)::
     lam0 = [1.0, 2.0]                     # any algorithm parameter or train option
     [report]         # target, baseline: for the report written at the end (stalegrad.report)
     target = 0.85
+    [protocol]       # select on validation (--val-split) over seeds 0-2, report test accuracy on 3-9
+    select_seeds = [0, 1, 2]
+    report_seeds = [3, 4, 5, 6, 7, 8, 9]
 
 The options in ``REFUSED`` are the grid's to decide; a key is fixed or an axis, not both; ``hidden`` and
 ``lr_milestones`` take a list as one value, so as axes lists of lists (``hidden = [[256, 128], [512]]``).
@@ -48,7 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UsageError
-from .results import is_finished
+from .report_protocol import grid_protocol
+from .results import is_finished, last_line
 
 ALIASES = {"algos": "algo", "seeds": "seed"}
 REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "rerun the grid to resume it",
@@ -148,8 +152,9 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: not valid TOML ({e})") from None
     for key, value in table.items():
-        if key not in ("fixed", "axes", "report") or not isinstance(value, dict):
-            raise UsageError(f"{path}: unknown table or key {key!r}; the tables are [fixed], [axes] and [report]")
+        if key not in ("fixed", "axes", "report", "protocol") or not isinstance(value, dict):
+            raise UsageError(f"{path}: unknown table or key {key!r}; the tables are [fixed], [axes], [report] and "
+                             "[protocol]")
     by_name, flags = _train_options()
     fixed, axes = {}, {}
     for section, out in (("fixed", fixed), ("axes", axes)):
@@ -190,6 +195,8 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
     target = report.get("target", 1)
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
         raise UsageError(f"{path}: [report] target must be a test accuracy in (0, 1], got {target!r}")
+    if "protocol" in table:   # report_protocol.py: select_seeds, report_seeds, tune, arms, compare, closure
+        report["protocol"] = grid_protocol(path, table["protocol"], fixed, axes)
     return fixed, axes, report
 
 
@@ -260,14 +267,6 @@ def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
                 msg = " ".join(str(e).replace(f"{f}: ", "").split())
                 raise UsageError(f"{path}: cell {cell.name}: {msg}") from None
     return Grid(Path(path), fixed, axes, report, cells)
-
-
-def last_line(path: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        lines = []
-    return lines[-1][:500] if lines else ""
 
 
 class GridRun:

@@ -15,6 +15,7 @@ from .errors import UsageError
 from .metrics import temporal_efficiency
 from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
 from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
+from .report_protocol import analyse_protocol, render_protocol
 from .results import DamagedRun, atomic_write, flat_config, read_run, write_json
 
 # Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
@@ -252,7 +253,7 @@ def _lr_sweeps(groups: list[dict], axes: dict) -> dict:
 
 
 def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=None,
-            given_in=None) -> tuple[dict, list, tuple]:
+            given_in=None, protocol=None) -> tuple[dict, list, tuple]:
     """Everything in report.json, the groups (with their runs), and the heat map's axes. ``given_in``:
     where ``target`` and ``baseline`` came from (default: the options --target and --baseline)."""
     if variant not in VARIANTS:
@@ -338,6 +339,7 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
                               "time_to_target": r["time_to_target"], "temporal_efficiency": r["temporal_efficiency"]}
                              for r in g["runs"]]} for g in groups],
         "lr_sweep": _lr_sweeps(groups, axes),
+        "protocol": analyse_protocol(groups, protocol, baseline, curve, temporal_efficiency),   # report_protocol.py
         "heatmap_axes": list(heat_axes) if heat_axes else None,
         "notes": notes,
         "skipped_runs": [{"dir": str(d), "reason": reason} for d, reason in skipped],
@@ -346,7 +348,7 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
 
 
 def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None,
-                 on_skip=None, given_in=None) -> Path:
+                 on_skip=None, given_in=None, protocol=None) -> Path:
     """Write report.md, report.json and the plots for ``run_dirs`` into ``out_dir``; return report.md's path.
 
     ``target``: the test accuracy for the time-to-target table (default 0.9 x the best group's mean best
@@ -363,8 +365,8 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory")
-    report, groups, (heat_axes, heat_why) = analyse(run_dirs, target=target, baseline=baseline,
-                                                    variant=variant, heatmap=heatmap, given_in=given_in)
+    report, groups, (heat_axes, heat_why) = analyse(run_dirs, target=target, baseline=baseline, variant=variant,
+                                                    heatmap=heatmap, given_in=given_in, protocol=protocol)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -377,5 +379,8 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     probe_plots = plot_probes(report["probes"], out)
     write_json(out / "report.json", report)
     path = out / "report.md"
-    atomic_write(path, "\n".join([render(report), *render_probes(report["probes"], probe_plots)]).encode())
+    head, table, rest = render(report).partition("## Test accuracy")   # the protocol first: what it selected
+    text = "\n".join([head + "\n".join(render_protocol(report["protocol"])) + "\n" + table + rest,
+                      *render_probes(report["probes"], probe_plots)])
+    atomic_write(path, text.encode())
     return path

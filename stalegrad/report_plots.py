@@ -339,7 +339,8 @@ def render(rep: dict) -> str:
         out += [("Shared learning rate: " + (f"{shared:g}, one that every algorithm was run with"
                                              if shared is not None else "none: no learning rate was used by every "
                                              "algorithm")) + ". The best learning rate is the one with the highest "
-                "mean best test accuracy.", ""]
+                "mean best test accuracy: chosen on TEST accuracy, a description of the sweep, not a valid "
+                "selection (the protocol section selects on validation accuracy).", ""]
         shared_head = f"best / final test acc at lr {shared:g}" if shared is not None else "at a shared lr"
         out += _table(["algorithm and settings", "learning rates", "best lr", "its best test acc",
                        "its final test acc", shared_head],

@@ -201,7 +201,7 @@ def _parse(d: Path, name: str, text: str, line: int):
 
 # The numbers a record may hold (or null, for a non-finite value); any other key is left alone.
 METRIC_NUMBERS = ("epoch", "updates", "samples", "wall_s", "virtual_s", "lr", "train_loss", "train_acc", "test_loss",
-                  "test_acc", "tau_mean", "nonfinite_skipped")
+                  "test_acc", "val_loss", "val_acc", "tau_mean", "nonfinite_skipped")
 MESSAGE_NUMBERS = ("samples", "wall_s", "virtual_s", "loss", "train_acc")
 
 
@@ -276,3 +276,12 @@ def flat_config(cfg: dict) -> tuple[dict, set]:
             if part == "algorithm":
                 algo_keys.add(name)
     return out, algo_keys
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a text file (at most 500 characters), or "" when there is none."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    return lines[-1][:500] if lines else ""

@@ -28,6 +28,7 @@ from .resources import check_memory
 from .runtimes.base import Evaluator
 from .schedules import LRSchedule
 from .server import ParameterServer, StalenessLog
+from .validation import evaluate_val, split_run, summary_figures
 from .worker import FlatModel, WorkerFactory
 
 
@@ -75,7 +76,7 @@ class TrainingRun:
 
     def __init__(self, module: nn.Module, train_data, test_data, config: RunConfig, *,
                  on_eval: Callable[[dict], None] | None = None, progress: Progress | None = None,
-                 checkpoint_path=None, resolved: dict | None = None):
+                 checkpoint_path=None, resolved: dict | None = None, val_data=None):
         self.config = config                   # validated: see RunConfig.validate
         self.resolved = resolved if resolved is not None else config.to_dict()   # what config.json records
         self.algorithm = algorithm = config.algorithm
@@ -84,6 +85,7 @@ class TrainingRun:
         self.server = ParameterServer(algorithm, self.model.flat, config.workers, on_nonfinite=config.on_nonfinite)
         self.schedule = LRSchedule(config.lr, tuple(config.lr_milestones), config.lr_gamma)
         self.test_data = SimpleNamespace(x=test_data.x.to(device), y=test_data.y.to(device))
+        self.val_data = None if val_data is None else SimpleNamespace(x=val_data.x.to(device), y=val_data.y.to(device))
         self.worker_factory = WorkerFactory(algorithm, config.workers, config.batch_size, config.partition,
                                             config.seed, train_data.x.to(device), train_data.y.to(device),
                                             w0=self.server.w.clone(), model=self.model, device=device)
@@ -168,6 +170,7 @@ class TrainingRun:
             "train_acc": self._acc_sum / self._acc_samples if self._acc_samples else None,
             "test_loss": None,
             "test_acc": None,
+            **({"val_loss": None, "val_acc": None} if self.val_data is not None else {}),
             "tau_mean": stal.mean,
             "nonfinite_skipped": self.server.nonfinite_skipped,
         }
@@ -175,6 +178,8 @@ class TrainingRun:
         self._acc_sum, self._acc_samples = 0.0, 0
         while self._next_eval <= self.samples:
             self._next_eval += self.eval_interval
+        if self.val_data is not None:
+            evaluate_val(self.model, self.server.w, self.val_data, record)
         if evaluator is None:
             self._complete(record, *self.model.evaluate(self.server.w, self.test_data.x, self.test_data.y))
         else:
@@ -260,6 +265,7 @@ class TrainingRun:
             "final_test_acc": final["test_acc"],
             "best_test_acc": max(m["test_acc"] for m in self.metrics),
             "final_test_loss": final["test_loss"],
+            **summary_figures(self.metrics),
             "epochs": round(self.epoch, 6),
             "wall_s": round(self.wall_s(), 4),
             "virtual_s": round(self.virtual_s, 6),
@@ -308,7 +314,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
 
     The options of the run are those of ``RunConfig`` (``epochs``,
     ``batch_size``, ``lr``, ``lr_milestones``, ``lr_gamma``, ``eval_every``,
-    ``partition``, ``seed``, ``device``, ``on_nonfinite``, ``checkpoint_every``, ``init``),
+    ``partition``, ``seed``, ``device``, ``on_nonfinite``, ``checkpoint_every``, ``init``, ``val_split``),
     given as keywords or as ``config=RunConfig(...)``; ``lr`` defaults to the
     algorithm's (0.1 for server SGD and local SGD, 0.001 for local Adam).
     ``algorithm`` (default asgd), ``workers`` and the keywords may come with
@@ -341,9 +347,11 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
     num_classes = int(getattr(train_data, "num_classes", int(train_data.y.max()) + 1))
     module = _resolve_model(model, tuple(train_data.x.shape[1:]), num_classes)
     check_memory(config, module, train_data, test_data)   # the workers' and the server's copies must fit
+    train_data, val_data, held_out = split_run(config, train_data, module, runtime)   # (val_split)
     untouched = initialise(module, config.init)
     resolved = config.to_dict()
-    resolved.update(runtime=runtime.describe(), train_samples=len(train_data.y), test_samples=len(test_data.y))
+    resolved.update(runtime=runtime.describe(), train_samples=len(train_data.y), test_samples=len(test_data.y),
+                    **held_out)
     saved = None
     if resume is not None:
         from . import checkpoint
@@ -356,7 +364,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
         resolved["numerics"] = pinned.enter_context(runtime.numerics())
     try:
         run = TrainingRun(module, train_data, test_data, config, on_eval=on_eval, progress=bar,
-                          checkpoint_path=checkpoint_path, resolved=resolved)
+                          checkpoint_path=checkpoint_path, resolved=resolved, val_data=val_data)
         if "numerics" in resolved:
             resolved["numerics"]["server_kernels"] = run.server.kernels
         if untouched:

@@ -18,6 +18,7 @@ CHOICES = {
     "--lr-milestones": ["0.02", "0.02,0.04", "2,1", "0.04,0.04", "a,b", *NUMBERS],
     "--lr-gamma": ["0.5", "1e308", *NUMBERS],
     "--eval-every": ["0.05", "0.5", *NUMBERS],
+    "--val-split": ["0", "100", "0.1", "1.5", "2000", "0.0001", *NUMBERS],
     "--delay": ["uniform", "gamma:2", "gamma:-1", "gamma:nan", "straggler:3", "heterogeneous:sqrt",
                 "heterogeneous:x", "trace:/nonexistent.csv", "trace:", "warp", "exponential", "gamma:1e-320",
                 "trace:/dev/zero", "straggler:1e300"],

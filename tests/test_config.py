@@ -160,7 +160,7 @@ TWO_WAYS = {
     "batch_size": (8, 16), "lr": (0.05, 0.02), "lr_milestones": ((0.25,), (0.1,)), "lr_gamma": (0.5, 0.2),
     "eval_every": (0.25, 0.5), "partition": ("iid", "shard"), "seed": (3, 4), "device": ("cuda:0", "cuda:1"),
     "on_nonfinite": ("stop", "skip"), "checkpoint_every": (5, 6), "init": ("glorot-uniform", "he-normal"),
-    "probe_every": (3, 4),
+    "probe_every": (3, 4), "val_split": (40, 0.25),
 }
 
 

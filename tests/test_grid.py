@@ -104,7 +104,13 @@ def test_every_experiment_file_validates(path, run):
     code, out, err = run(path, "--dry-run")
     assert code == 0, err
     expected = {"dcasgd_cifar10": 27, "agn_mnist": 196, "dcasgd_fashion": 234, "agn_fashion": 72,
-                "probes_dc_digits": 3, "probes_dc_fashion": 3, "probes_agn_fashion": 12, "probes_agn_fashion_asgd": 2}
+                "probes_dc_digits": 3, "probes_dc_fashion": 3, "probes_agn_fashion": 12, "probes_agn_fashion_asgd": 2,
+                # issue 18: (sgd 1 + ssgd 3 + asgd 3 + dcasgd-c 3 x 6 lam + dcasgd-a 3 x 3 lam0) x 5 lr x 4 delays
+                # x 10 seeds; (1 + 2 + 2 + 2 x 6 + 2 x 3) x 4 lr x 10; (1 + 1 + 3 + 3) x 4 lr x 10;
+                # 10 seeds x 2 data sets x 4 algos x 3 n x 3 windows x 3 lr x 2 delays; 10 x 2 x 2 x 3 x 2 x 3 x 2;
+                # 10 x 2 algos x 2 n x 2 windows x 2 delays
+                "dcasgd_decisive": 6800, "dcasgd_decisive_momentum": 920, "dcasgd_decisive_cnn": 320,
+                "agn_decisive": 4320, "agn_decisive_downpour5": 1440, "agn_decisive_agnmlp": 160}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import json
 import os
 import tomllib
 from collections import Counter
@@ -50,7 +51,9 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
 
     FILE has a [fixed] table (options of 'stalegrad train', keys as in --config), an [axes] table
     (lists: algos, workers, window, lr, delay, seeds, any algorithm parameter or train option; the
-    grid is their product) and a [report] table (target, baseline). sgd runs with one worker, once;
+    grid is their product), a [report] table (target, baseline) and an optional [protocol] table
+    (select_seeds, report_seeds, tune, arms, compare, closure: selection on validation accuracy, needs
+    val_split; the report's protocol section, whose grid-edge warnings the grid prints). sgd runs with one worker, once;
     an algorithm parameter applies only to the algorithms that have it. Each cell runs as 'stalegrad
     train' in a process of its own, into DIR/runs/<cell>/ (e.g. asgd-M8-lr0.1-gamma2-s0); a cell
     whose run is finished (summary.json, written last, and model.pt) is skipped, an unfinished one is
@@ -156,6 +159,12 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
     except StalegradError as e:
         raise RunError(f"the runs are done, but the report failed: {' '.join(str(e).split())}") from None
     _echo_err(f"grid: report -> {out_dir / 'report'}")
+    try:   # the protocol's grid-edge warnings, with the value to add (report_protocol.py)
+        edges = json.loads((out_dir / "report" / "report.json").read_text())["protocol"]["edge_warnings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        edges = []
+    for line in edges:
+        _echo_err(f"grid: warning: {line}")
 
 
 def check_layout(out: Path, report: bool = True) -> None:

@@ -133,6 +133,9 @@ def run_options(f):
                      help="where the data set lies (else $STALEGRAD_DATA, the cache, /usr/share/datasets)"),
         click.option("--partition", type=click.Choice(PARTITIONS), default="shard", show_default=True,
                      help="shard: disjoint shard per worker; iid: every worker samples the whole set"),
+        click.option("--val-split", type=float, default=0, show_default=True, metavar="N",
+                     help="hold N training samples (an integer, or a fraction in (0, 1)) out of training, the same "
+                          "ones for every seed; each evaluation then records val_acc and val_loss (0: none)"),
         click.option("--eval-every", type=float, default=1.0, show_default=True,
                      help="evaluate the server's model every this many epochs"),
         click.option("--on-nonfinite", type=click.Choice(ON_NONFINITE), default="skip", show_default=True,
@@ -301,7 +304,7 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
                      lr=p["lr"], lr_milestones=p["lr_milestones"] or (), lr_gamma=p["lr_gamma"],
                      eval_every=p["eval_every"], partition=p["partition"], seed=p["seed"], device=p["device"],
                      on_nonfinite=p["on_nonfinite"], checkpoint_every=p["checkpoint_every"], init=p["init"],
-                     probe_every=p.get("probe_every", 0), extra=extra).validate()
+                     probe_every=p.get("probe_every", 0), val_split=p.get("val_split") or 0, extra=extra).validate()
 
 
 SIM_ONLY = (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False), ("threads", None))

@@ -28,8 +28,25 @@ class _Failed(click.ClickException):
                    "workers' training accuracy over real time (needs messages.jsonl, stalegrad >= 0.3)")
 @click.option("--heatmap", default=None, metavar="X,Y",
               help="the heat map's two settings  [default: workers,window if both vary, else the two with most values]")
-def report(dirs, out, target, baseline, variant, heatmap):
+@click.option("--select-seeds", default=None, metavar="SEEDS",
+              help="seeds the selection sees, e.g. 0-2 or 0,1,2  [default: every seed not in --report-seeds]")
+@click.option("--report-seeds", default=None, metavar="SEEDS",
+              help="seeds whose test accuracy is reported for the selected settings, e.g. 3-9  [default: every "
+                   "seed not in --select-seeds; given neither, both are every seed, and the report says so]")
+@click.option("--tune", default=None, metavar="AXES",
+              help="the settings selected over, e.g. lr,lam,lam0  [default: lr]")
+@click.option("--compare", "claims", default=None, metavar="A>B,...",
+              help="claims to test, 'A>B': A more accurate than B  [default: every algorithm against --baseline]")
+@click.option("--closure", default=None, metavar="LOW,HIGH",
+              help="the gap closure (acc - acc_LOW) / (acc_HIGH - acc_LOW) of the other algorithms  [default: "
+                   "asgd,sgd when both ran]")
+def report(dirs, out, target, baseline, variant, heatmap, select_seeds, report_seeds, tune, claims, closure):
     """Which algorithm, under which staleness, reaches which accuracy, how fast: tables and plots over seeds.
+
+    The protocol section selects, per algorithm and cell, the --tune settings with the highest mean final
+    validation accuracy over --select-seeds (runs made with --val-split; without one it selects on test
+    accuracy and says that this is not a valid protocol), reports their test accuracy on --report-seeds
+    with 95% intervals, tests the claims (--compare, --closure) and warns of selected values at a grid edge.
 
     Each DIR is a run directory or holds run directories at any depth. Runs that differ only by
     their seed form one group; every cell is mean ± std over seeds (number of seeds). A damaged run
@@ -39,9 +56,40 @@ def report(dirs, out, target, baseline, variant, heatmap):
 
     def skipped(run_dir, reason):
         click.echo(f"stalegrad: warning: skipped {run_dir}: {reason}", err=True)
+    both = set(seed_list("--select-seeds", select_seeds) or ()) & set(seed_list("--report-seeds", report_seeds) or ())
+    if both:
+        raise click.UsageError(f"--select-seeds and --report-seeds share seed {min(both)}; keep them apart, "
+                               "e.g. --select-seeds 0-2 --report-seeds 3-9")
+    protocol = {k: v for k, v in {"select_seeds": seed_list("--select-seeds", select_seeds),
+                                  "report_seeds": seed_list("--report-seeds", report_seeds),
+                                  "tune": names(tune), "compare": names(claims), "closure": names(closure)}.items()
+                if v is not None}
     try:
         path = write_report(list(dirs), out, target=target, baseline=baseline, variant=variant, heatmap=heatmap,
-                            on_skip=skipped)
+                            on_skip=skipped, protocol=protocol)
     except StalegradError as e:
         raise _Failed(e) from None
     click.echo(f"wrote {path}")
+
+
+def names(text: str | None) -> list[str] | None:
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def seed_list(flag: str, text: str | None) -> list[int] | None:
+    """``0-2,5`` -> [0, 1, 2, 5]; a one-line usage error (exit 2) for anything else."""
+    if text is None:
+        return None
+    seeds = []
+    try:
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            a, _, b = part.partition("-")
+            lo, hi = int(a), int(b) if b else int(a)
+            if lo < 0 or hi < lo:
+                raise ValueError
+            seeds += [s for s in range(lo, hi + 1) if s not in seeds]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        raise click.UsageError(f"{flag} {text!r}: give seeds as integers >= 0 and ranges, e.g. 0-2 or 0,1,2")
+    return seeds

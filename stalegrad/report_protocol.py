@@ -1,0 +1,269 @@
+"""The report's protocol section: selection on validation accuracy, reporting on other seeds, intervals
+and verdicts (issue 18). The statistic and the edge check are ``selection.py``, the intervals and the
+verdict rule ``stats.py``; this module only gathers the runs' figures and writes the section.
+
+The protocol (``spec``, from a grid's ``[protocol]`` table or ``stalegrad report``'s flags):
+
+- ``select_seeds``, ``report_seeds``: disjoint lists of seeds. Given neither, both are every seed (the
+  section then says loudly that the reported accuracies are those the selection saw); given one, the
+  other is every other seed.
+- ``tune``: the axes selected over (default ``["lr"]``): lr, lam, lam0, window, ... Every other axis
+  (workers, delay, ...) is a cell of its own.
+- ``arms``: ``{name: {setting: value, ...}}``: the groups with those settings become an algorithm
+  ``name`` of their own (``{"dcasgd-c-placebo": {"algo": "dcasgd-c", "lam": 0.0}}``): selected
+  apart, compared as any algorithm.
+- ``compare``: claims ``"A>B"`` (A more accurate than B, paired by seed), default every algorithm
+  against the report's baseline; ``closure``: ``[low, high]``, default ``["asgd", "sgd"]`` when both
+  ran: the gap closure ``(acc_X - acc_low) / (acc_high - acc_low)`` of every other algorithm X.
+
+Runs without a validation split cannot be selected honestly: the section then selects on the final
+TEST accuracy and says in its title and in every table that this is not a valid protocol.
+"""
+from __future__ import annotations
+
+import math
+
+from .errors import UsageError
+from .selection import edge_text, select
+from .stats import (DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, LEVEL, bootstrap, ratio_of_gaps, t_interval,
+                    verdict)
+
+SPEC_KEYS = ("select_seeds", "report_seeds", "tune", "arms", "compare", "closure")
+
+
+def check_spec(spec: dict, where: str) -> dict:
+    """``spec`` with its types checked (``UsageError`` naming ``where`` and the key)."""
+    unknown = [k for k in spec if k not in SPEC_KEYS]
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r}; keys are {', '.join(SPEC_KEYS)}")
+    out = dict(spec)
+    for k in ("select_seeds", "report_seeds"):
+        v = spec.get(k)
+        if v is not None and (not isinstance(v, list) or not v or
+                              not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v)):
+            raise UsageError(f"{where}: {k} must be a non-empty list of seeds (integers >= 0), e.g. [0, 1, 2], "
+                             f"got {v!r}")
+    both = set(spec.get("select_seeds") or ()) & set(spec.get("report_seeds") or ())
+    if both:
+        raise UsageError(f"{where}: seed {min(both)} is both a selection seed and a reporting seed; keep them "
+                         "apart (e.g. select_seeds = [0, 1, 2], report_seeds = [3, 4, 5, 6, 7, 8, 9])")
+    for k in ("tune", "compare", "closure"):
+        v = spec.get(k)
+        if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
+            raise UsageError(f"{where}: {k} must be a list of strings, got {v!r}")
+    if spec.get("closure") is not None and len(spec["closure"]) != 2:
+        raise UsageError(f"{where}: closure must name two algorithms, [low, high], e.g. [\"asgd\", \"sgd\"]")
+    for claim in spec.get("compare") or ():
+        if claim.count(">") != 1 or not all(p.strip() for p in claim.split(">")):
+            raise UsageError(f"{where}: compare {claim!r}: write a claim as \"A>B\" (A more accurate than B)")
+    arms = spec.get("arms")
+    if arms is not None and (not isinstance(arms, dict) or not all(isinstance(v, dict) and v for v in arms.values())):
+        raise UsageError(f"{where}: arms must be a table of name = {{setting = value, ...}}, got {arms!r}")
+    return out
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _label(g: dict, arms: dict) -> str:
+    for name, match in arms.items():
+        if all(g["key"].get(k) == v or (k == "algo" and g["algo"] == v) for k, v in match.items()):
+            return name
+    return g["algo"]
+
+
+def _context(g: dict, other: dict) -> dict:
+    """The settings two groups must share to be compared: not the algorithm's own parameters (unless both
+    algorithms have them), not the tuned axes (``cell``), not the worker count against one worker."""
+    shared = g["algo_keys"] & other["algo_keys"]
+    one = g["cell"].get("workers") == 1 or other["cell"].get("workers") == 1
+    return {k: v for k, v in g["cell"].items()
+            if k not in ("algo", "label") and (k not in g["algo_keys"] or k in shared) and not (one and k == "workers")}
+
+
+def _seed_values(group: dict, key: str, seeds) -> dict:
+    return {r["seed"]: r["summary"].get(key) for r in group["runs"] if r["seed"] in seeds}
+
+
+def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, curve, temporal_efficiency) -> dict:
+    """The protocol section of report.json (see the module docstring)."""
+    from .selection import cell_key
+    spec = check_spec(dict(spec or {}), "the protocol")
+    seeds = sorted({r["seed"] for g in groups for r in g["runs"]})
+    has_val = all("final_val_acc" in r["summary"] for g in groups for r in g["runs"])
+    stat = "final_val_acc" if has_val else "final_test_acc"
+    sel, rep = spec.get("select_seeds"), spec.get("report_seeds")
+    if sel is None and rep is None:
+        sel = rep = seeds
+    elif sel is None:
+        sel = [s for s in seeds if s not in rep]
+    elif rep is None:
+        rep = [s for s in seeds if s not in sel]
+    tune, arms = list(spec.get("tune") or ["lr"]), dict(spec.get("arms") or {})
+    warnings = []
+    if not has_val:
+        warnings.append("selected on TEST accuracy (the runs have no --val-split): not a valid protocol; rerun with "
+                        "--val-split N to select on validation accuracy")
+    if set(sel) & set(rep):
+        warnings.append("the selection seeds are the reporting seeds: the reported test accuracies are those of the "
+                        "runs the selection saw (give select_seeds and report_seeds apart)")
+    missing_rep = [s for s in rep if s not in seeds]
+    if missing_rep:
+        warnings.append(f"no run of reporting seed(s) {', '.join(map(str, missing_rep))}")
+    cands = []
+    for g in groups:
+        label = _label(g, arms)
+        setting = {k: v for k, v in g["key"].items() if k != "algo"}
+        cands.append({"algo": label, "setting": setting, "values": _seed_values(g, stat, sel), "group": g})
+    picks = select(cands, tune, sel)
+    chosen = []
+    for p in picks:
+        c = p["chosen"]
+        entry = {"algo": p["algo"], "cell": p["cell"], "tuned": p["tuned"], "score": p["score"], "scores": p["scores"],
+                 "edges": [dict(e, text=edge_text(e)) for e in p["edges"]],
+                 "group": c["group"]["label"] if c else None}
+        if c is not None:
+            g = c["group"]
+            test = _seed_values(g, "final_test_acc", rep)
+            entry["report_test_acc"] = t_interval([test[s] if _finite(test[s]) else math.nan for s in sorted(test)])
+            entry["report_seeds"] = sorted(test)
+            chosen.append({**entry, "_g": g, "cell": dict(cell_key(p["cell"], ())), "algo_keys": g["algo_keys"]})
+        p["entry"] = entry
+    algos = list(dict.fromkeys(p["algo"] for p in picks))
+    claims = [tuple(x.strip() for x in c.split(">")) for c in spec.get("compare") or []] or \
+        [(a, baseline) for a in algos if a != baseline]
+    closure = spec.get("closure") or (["asgd", "sgd"] if {"asgd", "sgd"} <= set(algos) else None)
+    shown = {k for g in groups for k in g["key"] if len({repr(h["key"].get(k)) for h in groups}) > 1} - {"algo"}
+    figures = _figures(chosen, claims, closure, rep, curve, temporal_efficiency, shown)
+    for e in (p["entry"] for p in picks):
+        e["where"] = _where(e["cell"], shown)
+    return {"statistic": f"mean {stat} over the selection seeds", "selected_on": "validation" if has_val else "TEST",
+            "select_seeds": list(sel), "report_seeds": list(rep), "tune": tune, "arms": arms, "level": LEVEL,
+            "warnings": warnings, "selections": [p["entry"] for p in picks], "figures": figures,
+            "edge_warnings": [f"{e['algo']} {e['where']}: {x['text']}" for e in (p["entry"] for p in picks)
+                              for x in e["edges"]]}
+
+
+def _where(cell: dict, shown=None) -> str:
+    """The settings of a cell that vary between groups (``shown``), as ``workers=8 delay=gamma:2``."""
+    return " ".join(f"{k}={v}" for k, v in cell.items() if shown is None or k in shown) or "all runs"
+
+
+def _paired(a: dict, b: dict, key: str, seeds) -> tuple[list, list, list]:
+    """The seeds both selected groups ran among ``seeds``, and their values of ``key`` (NaN: not finite)."""
+    va, vb = _seed_values(a["_g"], key, seeds), _seed_values(b["_g"], key, seeds)
+    common = sorted(set(va) & set(vb))
+    f = lambda x: float(x) if _finite(x) else math.nan   # noqa: E731
+    return common, [f(va[s]) for s in common], [f(vb[s]) for s in common]
+
+
+def _match(x: dict, algo: str, chosen: list[dict]) -> dict | None:
+    return next((c for c in chosen if c["algo"] == algo and _context(x, c) == _context(c, x)), None)
+
+
+def _figures(chosen, claims, closure, rep, curve, temporal_efficiency, shown) -> list[dict]:
+    """Every derived figure with its interval and verdict, per cell of the first algorithm of a claim."""
+    out = []
+    for a_name, b_name in claims:
+        for a in (c for c in chosen if c["algo"] == a_name):
+            b = _match(a, b_name, chosen)
+            if b is None:
+                continue
+            seeds, xa, xb = _paired(a, b, "final_test_acc", rep)
+            iv = t_interval([p - q for p, q in zip(xa, xb)])
+            out.append({"kind": "difference", "claim": f"{a_name} more accurate than {b_name}", "where": _where(a["cell"], shown),
+                        **iv, "null": 0.0, "verdict": verdict(iv["lo"], iv["hi"], 0.0), "seeds": seeds})
+            ta = {r["seed"]: r for r in a["_g"]["runs"]}
+            tb = {r["seed"]: r for r in b["_g"]["runs"]}
+            te = [temporal_efficiency(curve(ta[s]), curve(tb[s])) for s in seeds]
+            iv = t_interval(te)
+            out.append({"kind": "temporal efficiency", "claim": f"{a_name} reaches higher accuracy sooner than {b_name} "
+                        "(E > 1)", "where": _where(a["cell"], shown), **iv, "null": 1.0,
+                        "verdict": verdict(iv["lo"], iv["hi"], 1.0), "seeds": seeds})
+    if closure:
+        lo_name, hi_name = closure
+        for x in (c for c in chosen if c["algo"] not in closure):
+            lo, hi = _match(x, lo_name, chosen), _match(x, hi_name, chosen)
+            if lo is None or hi is None:
+                continue
+            vals = [_seed_values(c["_g"], "final_test_acc", rep) for c in (x, lo, hi)]
+            seeds = sorted(set(vals[0]) & set(vals[1]) & set(vals[2]))
+            xs, ls, hs = ([float(v[s]) if _finite(v[s]) else math.nan for s in seeds] for v in vals)
+            gap = t_interval([h - lv for h, lv in zip(hs, ls)])
+            b = bootstrap([xs, ls, hs], ratio_of_gaps)
+            v = verdict(b["lo"], b["hi"], 0.0)
+            why = ""
+            if verdict(gap["lo"], gap["hi"], 0.0) != HOLDS:
+                v, why = INCONCLUSIVE, (f"the gap {hi_name} - {lo_name} is not established "
+                                        f"({gap['mean']:.4f}, interval [{gap['lo']:.4f}, {gap['hi']:.4f}])")
+            out.append({"kind": "gap closure", "claim": f"{x['algo']} closes part of the gap from {lo_name} to "
+                        f"{hi_name} (closure > 0)", "where": _where(x["cell"], shown), "mean": b["value"],
+                        "lo": b["lo"], "hi": b["hi"], "n": b["n"], "method": b["method"], "null": 0.0,
+                        "verdict": v, "why": why, "gap": gap, "seeds": seeds})
+    return out
+
+
+def _iv(d: dict, spec: str = ".4f") -> str:
+    if not _finite(d.get("mean")):
+        return "-"
+    if not (_finite(d.get("lo")) and _finite(d.get("hi"))):
+        return f"{d['mean']:{spec}} (no interval, n={d['n']})"
+    return f"{d['mean']:{spec}} [{d['lo']:{spec}}, {d['hi']:{spec}}] (n={d['n']})"
+
+
+def render_protocol(p: dict) -> list[str]:
+    """The section's markdown lines."""
+    on_test = p["selected_on"] == "TEST"
+    title = "## Protocol: " + ("selected on TEST accuracy (no --val-split): not a valid protocol" if on_test else
+                               "selection on validation accuracy, test accuracy on the reporting seeds")
+    out = [title, "",
+           f"Statistic: the {p['statistic']} ({', '.join(map(str, p['select_seeds']))}); tuned: "
+           f"{', '.join(p['tune'])}; every other setting is a cell of its own. Test accuracy of the selected "
+           f"setting on the reporting seeds ({', '.join(map(str, p['report_seeds']))}). Intervals: "
+           f"{p['level']:.0%}; t interval over seeds for means and paired differences, percentile bootstrap over "
+           "seeds for the gap closure (stalegrad/stats.py).", ""]
+    out += [f"**Warning:** {w}." for w in p["warnings"]] + ([""] if p["warnings"] else [])
+    out += ["The sections after this one describe every group on every seed, test accuracy included: they "
+            "select nothing.", ""]
+    rows = []
+    for s in p["selections"]:
+        tuned = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in s["tuned"].items())
+        rows.append([s["algo"], s["where"], tuned or "-",
+                     f"{s['score']:.4f}" if _finite(s["score"]) else "none finite",
+                     _iv(s.get("report_test_acc", {})), "; ".join(e["text"] for e in s["edges"]) or "-"])
+    out += ["| algorithm | cell | selected | selection score | test acc, reporting seeds | grid edge |",
+            "|---|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows), ""]
+    if p["figures"]:
+        out += ["### Derived figures and verdicts", "",
+                "| claim | where | estimate [interval] (n) | method | no effect | verdict |", "|---|---|---|---|---|---|"]
+        for f in p["figures"]:
+            v = f["verdict"] + (f" ({f['why']})" if f.get("why") else "")
+            out.append(f"| {f['claim']} | {f['where']} | {_iv(f)} | {f['method']} | {f['null']:g} | {v} |")
+        out += ["", f"A verdict is '{HOLDS}' when the whole interval lies on the claim's side of the no-effect value, "
+                f"'{DOES_NOT_HOLD}' when it lies wholly on the other side, '{INCONCLUSIVE}' when it holds that value. "
+                "No correction for multiple comparisons.", ""]
+    if p["edge_warnings"]:
+        out += ["**Grid edges:** " + str(len(p["edge_warnings"])) + " selected value(s) at the edge of their grid:", ""]
+        out += [f"- {w}" for w in p["edge_warnings"]] + [""]
+    return out
+
+
+def grid_protocol(path, table: dict, fixed: dict, axes: dict) -> dict:
+    """A grid file's [protocol] table, checked against the grid: its seeds are the grid's, its tuned
+    settings are axes, and the runs hold out a validation split to select on."""
+    where = f"{path}: [protocol]"
+    spec = check_spec(dict(table), where)
+    seeds = axes.get("seed", [fixed.get("seed", 0)])
+    for k in ("select_seeds", "report_seeds"):
+        extra = [s for s in spec.get(k) or () if s not in seeds]
+        if extra:
+            raise UsageError(f"{where}: {k} lists seed {extra[0]}, which the grid does not run (its seeds: "
+                             f"{', '.join(map(str, seeds))}); add it to [axes] seeds")
+    for axis in spec.get("tune") or ["lr"]:
+        if axis not in axes and axis != "lr":
+            raise UsageError(f"{where}: tune {axis!r} is not an axis of the grid ([axes]: {', '.join(axes)})")
+    if not fixed.get("val_split") and not any(axes.get("val_split", [])):
+        raise UsageError(f"{where}: selection uses validation accuracy, but the runs hold out no validation "
+                         "samples; set val_split in [fixed] (e.g. val_split = 10000)")
+    return spec

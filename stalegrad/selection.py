@@ -1,0 +1,117 @@
+"""The selection statistic and the grid-edge check, written in one place. Pure functions, no I/O.
+
+**The statistic:** a setting's score is the mean, over the *selection seeds*, of its runs' final
+validation accuracy (``final_val_acc`` in summary.json). Within each *cell* (one algorithm, one value
+of every axis that is not tuned: workers, delay, window, ...) the setting of the tuned axes (lr, lam,
+lam0, ...) with the highest score is selected; ties go to the first in sorted order of the tuned
+values. A setting that lacks a run of a selection seed is not a candidate (it is listed as missing);
+one whose runs diverged (a non-finite or absent accuracy) scores NaN and ranks below every finite
+score. Test accuracy is then reported only for the selected settings, on the *reporting seeds*, which
+the selection never saw (``report_protocol.py``).
+
+**The edge check:** a selected value that is the smallest or the largest of the (at least two) values
+its axis takes in the cell is at the edge of the grid: the optimum may lie outside it. ``edges`` says
+which, and ``extend`` the next value a grid should add (one more step of the grid's own spacing:
+geometric for positive values, else arithmetic).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _sort_key(v):
+    return (0, v, "") if _number(v) else (1, 0, str(v))
+
+
+def score(values: dict, seeds) -> tuple[float, list]:
+    """(mean of ``values[seed]`` over ``seeds``, the seeds missing from ``values``); NaN when any value
+    is absent (None) or not finite: a diverged run is never averaged away."""
+    missing = [s for s in seeds if s not in values]
+    if missing or not seeds:
+        return math.nan, missing
+    v = [values[s] for s in seeds]
+    if any(not _number(x) or not math.isfinite(x) for x in v):
+        return math.nan, []
+    return statistics.fmean(float(x) for x in v), []
+
+
+def cell_key(setting: dict, tune) -> tuple:
+    """The settings of a candidate apart from the tuned axes, as a hashable key."""
+    return tuple(sorted(((k, v) for k, v in setting.items() if k not in tune), key=lambda kv: kv[0]))
+
+
+def select(candidates: list[dict], tune, seeds) -> list[dict]:
+    """One selection per cell. Each candidate is ``{"algo", "setting": {axis: value}, "values": {seed:
+    selection statistic}, ...}`` (other keys are kept); ``setting`` holds every setting but the seed
+    (the algorithm's name included or not). Returns, in the order the cells first appear::
+
+        {"algo", "cell": {axis: value}, "chosen": candidate or None, "tuned": {axis: value}, "score",
+         "scores": [{"tuned", "score", "missing"}], "edges": [...] (see ``edges``)}
+
+    ``chosen`` is None when no candidate of the cell has a finite score."""
+    tune = tuple(tune)
+    cells: dict = {}
+    for c in candidates:
+        cells.setdefault((c["algo"], cell_key(c["setting"], tune)), []).append(c)
+    out = []
+    for (algo, key), cs in cells.items():
+        cs = sorted(cs, key=lambda c: tuple(_sort_key(c["setting"].get(a)) for a in tune))
+        scored = []
+        for c in cs:
+            s, missing = score(c["values"], seeds)
+            scored.append((c, s, missing))
+        finite = [(c, s) for c, s, missing in scored if not missing and math.isfinite(s)]
+        chosen, best = None, math.nan
+        for c, s in finite:   # the first of the highest: ties go to the first in sorted order
+            if chosen is None or s > best:
+                chosen, best = c, s
+        tuned = {a: chosen["setting"][a] for a in tune if a in chosen["setting"]} if chosen else {}
+        values = {a: [c["setting"][a] for c in cs if a in c["setting"]] for a in tuned}
+        out.append({"algo": algo, "cell": dict(key), "chosen": chosen, "tuned": tuned, "score": best,
+                    "scores": [{"tuned": {a: c["setting"].get(a) for a in tune if a in c["setting"]}, "score": s,
+                                "missing": missing} for c, s, missing in scored],
+                    "edges": edges(tuned, values)})
+    return out
+
+
+def edges(chosen: dict, values: dict) -> list[dict]:
+    """The tuned axes whose selected value ``chosen[axis]`` is the smallest or largest of the at least
+    two numeric values ``values[axis]`` of the cell: ``{"axis", "value", "side": "smallest"|"largest",
+    "values": sorted values, "suggest": the next value to add}``."""
+    out = []
+    for axis, v in chosen.items():
+        vs = sorted({x for x in values.get(axis, []) if _number(x)})
+        if len(vs) < 2 or not _number(v) or vs[0] < v < vs[-1]:
+            continue
+        side = "smallest" if v == vs[0] else "largest"
+        out.append({"axis": axis, "value": v, "side": side, "values": vs, "suggest": extend(vs, side)})
+    return out
+
+
+def extend(values, side: str) -> float | None:
+    """The value one step beyond the ``side`` ("smallest" or "largest") end of the sorted ``values``:
+    the ratio of the two outermost values when every value is positive (a geometric grid), else their
+    difference; None below a smallest value of 0 (lr, lam, lam0, window are not negative)."""
+    a, b = (values[1], values[0]) if side == "smallest" else (values[-2], values[-1])
+    if side == "smallest" and b == 0:
+        return None
+    if all(v > 0 for v in values):
+        nxt = b * (b / a)
+    else:
+        nxt = b + (b - a)
+    return float(f"{nxt:.6g}")
+
+
+def edge_text(edge: dict) -> str:
+    """One line: ``lr 0.1 is the largest of 0.01, 0.03, 0.1: extend the grid (e.g. 0.333)``."""
+    shown = ", ".join(f"{v:g}" for v in edge["values"])
+    if edge["suggest"] is None:
+        return (f"{edge['axis']} {edge['value']:g} is the smallest of {shown}, and no smaller value exists: "
+                f"nothing to extend")
+    return (f"{edge['axis']} {edge['value']:g} is the {edge['side']} of {shown}: the best value may lie "
+            f"outside the grid; extend it (e.g. {edge['axis']} {edge['suggest']:g})")
