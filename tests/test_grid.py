@@ -104,7 +104,8 @@ def test_every_experiment_file_validates(path, run):
     code, out, err = run(path, "--dry-run")
     assert code == 0, err
     expected = {"dcasgd_cifar10": 27, "agn_mnist": 196, "dcasgd_fashion": 234, "agn_fashion": 72,
-                "probes_dc_digits": 3, "probes_dc_fashion": 3, "probes_agn_fashion": 12, "probes_agn_fashion_asgd": 2}
+                "probes_dc_digits": 3, "probes_dc_fashion": 3, "probes_agn_fashion": 12, "probes_agn_fashion_asgd": 2,
+                "delays_gradient": 72, "delays_commit": 96}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
 
 
@@ -132,7 +133,7 @@ BAD = [
     ("[axes]\nhidden = [256, 128]\n", "each value is a list, e.g. hidden = [[256, 128], [512]]"),
     ("[bogus]\n", "unknown table or key 'bogus'"),
     ("[axes\n", "not valid TOML"),
-    ('[axes]\ndelay = ["uniform", "gamma:-1"]\n', "cell asgd-gamma_-1: delay 'gamma:-1'"),
+    ('[axes]\ndelay = ["round-robin", "gamma:-1"]\n', "cell asgd-gamma_-1: delay 'gamma:-1'"),
     ('[axes]\nalgos = ["easgd"]\nworkers = [1, 2]\nbeta = [2.0]\n',
      "cell easgd-M1-beta_2: easgd: beta must be in (0, 1]"),
     ("batch_size = 5000\n", "larger than each worker's"),           # found by the data check
