@@ -98,9 +98,9 @@ def run_options(f):
         click.option("--lr-milestones", callback=_csv_floats, default=None,
                      help="step decay: epochs at which lr is multiplied by --lr-gamma, e.g. 80,120"),
         click.option("--lr-gamma", type=float, default=0.1, show_default=True),
-        click.option("--delay", default=DEFAULT_DELAY, show_default=True,
+        click.option("--delay", default=None,   # None: not given (refused with runtime local or ray when given)
                      help="simulator delay model: " + ", ".join(DELAY_MODELS) + " (docs/delays.md; "
-                          "round-robin is the lockstep stress test, formerly 'uniform')"),
+                          f"round-robin is the lockstep stress test, formerly 'uniform')  [default: {DEFAULT_DELAY}]"),
         click.option("--step-time", type=float, default=1.0, show_default=True,
                      help="virtual seconds of one local step of a speed-1 worker"),
         click.option("--vectorised", is_flag=True,
@@ -305,7 +305,7 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
                      probe_every=p.get("probe_every", 0), extra=extra).validate()
 
 
-SIM_ONLY = (("delay", DEFAULT_DELAY), ("step_time", 1.0), ("vectorised", False), ("threads", None))
+SIM_ONLY = (("delay", None), ("step_time", 1.0), ("vectorised", False), ("threads", None))
 LOCAL_ONLY = ("threads_per_worker", "worker_timeout")
 RAY_ONLY = (("address", None), ("ps_shards", 1), ("cpus_per_worker", 1.0), ("gpus_per_worker", 0.0))
 
@@ -356,7 +356,7 @@ def build_runtime(p: dict):
         raise ConfigError("record_trace", "records a real run: use it with runtime local or ray "
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")
     from ..runtimes.sim import Simulator
-    delay = p["delay"]
+    delay = p.get("delay") or DEFAULT_DELAY
     if renamed_delay(delay) is not None:
         warn_once(f"stalegrad: warning: {deprecation(delay)}")
         delay = renamed_delay(delay)
