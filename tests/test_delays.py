@@ -119,3 +119,10 @@ def test_a_grid_with_uniform_warns_once_for_all_its_cells(tmp_path, capsys):
     assert err.count(OLD) == 1 and "6 cells" in out
     assert main(["grid", str(grid), "--out", str(tmp_path / "out"), "--dry-run"]) == 0   # each command: once
     assert capsys.readouterr().err.count(OLD) == 1
+
+
+def test_an_empty_delay_is_refused_not_taken_for_the_default(tmp_path, capsys):
+    assert main(["train", *SYNTH, "--delay", "", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stalegrad: error: --delay '' is not a delay model") and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()

@@ -356,7 +356,7 @@ def build_runtime(p: dict):
         raise ConfigError("record_trace", "records a real run: use it with runtime local or ray "
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")
     from ..runtimes.sim import Simulator
-    delay = p.get("delay") or DEFAULT_DELAY
+    delay = DEFAULT_DELAY if p.get("delay") is None else p["delay"]
     if renamed_delay(delay) is not None:
         warn_once(f"stalegrad: warning: {deprecation(delay)}")
         delay = renamed_delay(delay)

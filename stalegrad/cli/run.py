@@ -263,7 +263,7 @@ def _check_compare(names: list[str], params: dict, out: Path) -> list[tuple[str,
 
 
 def shown_delay(delay) -> str:
-    delay = delay or DEFAULT_DELAY
+    delay = DEFAULT_DELAY if delay is None else delay
     return renamed_delay(delay) or delay
 
 
