@@ -12,13 +12,28 @@ import math
 import os
 import random
 import stat
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
 
 
-DELAY_MODELS = ("uniform", "gamma:SHAPE", "exponential", "heterogeneous:sqrt|linear", "straggler:K", "trace:FILE")
+DELAY_MODELS = ("exponential", "gamma:SHAPE", "heterogeneous:sqrt|linear", "straggler:K", "round-robin", "trace:FILE")
+# The simulator's default (Simulator, the CLI, TOML, grids): docs/delays.md has the traces it was chosen from.
+DEFAULT_DELAY = "gamma:2"
+# Old names, accepted for one release with a one-line deprecation message: old -> new.
+RENAMED_DELAYS = {"uniform": "round-robin"}
+
+
+def renamed_delay(spec) -> str | None:
+    """The new name of a deprecated delay spec (``uniform``), else None."""
+    return RENAMED_DELAYS.get(spec) if isinstance(spec, str) else None
+
+
+def deprecation(old: str) -> str:
+    """The one-line message of a deprecated delay name."""
+    return f"delay {old!r} is now called {RENAMED_DELAYS[old]!r} (the old name goes in the next release)"
 
 
 class DelayModel:
@@ -33,12 +48,16 @@ class DelayModel:
 
 
 @dataclass
-class Uniform(DelayModel):
-    """Equal speeds: round robin, staleness exactly M-1 once warm."""
-    spec: str = "uniform"
+class RoundRobin(DelayModel):
+    """Equal speeds: the workers push in a fixed cycle, in lockstep, staleness exactly M-1 once warm.
+    A stress test: no real cluster keeps that order (docs/delays.md)."""
+    spec: str = "round-robin"
 
     def factor(self, worker, rng):
         return 1.0
+
+
+Uniform = RoundRobin   # its name before 0.4
 
 
 @dataclass
@@ -230,9 +249,12 @@ def parse_delay(spec: str, num_workers: int) -> DelayModel:
     """Parse a delay spec; ConfigError naming ``delay`` on bad input."""
     if not isinstance(spec, str):
         raise ConfigError("delay", f"must be a delay model's name, e.g. gamma:2, got {spec!r}")
+    if renamed_delay(spec) is not None:
+        warnings.warn(deprecation(spec), DeprecationWarning, stacklevel=2)
+        spec = renamed_delay(spec)
     name, _, arg = spec.partition(":")
-    if name == "uniform" and not arg:
-        return Uniform()
+    if name == "round-robin" and not arg:
+        return RoundRobin()
     if name == "exponential" and not arg:
         return Exponential()
     if name == "gamma":
@@ -253,8 +275,7 @@ def parse_delay(spec: str, num_workers: int) -> DelayModel:
             raise _bad(spec, f"the trace names worker {max(trace.workers)} but the run has {num_workers} "
                              f"workers; run {max(trace.workers) + 1} workers")
         return trace
-    raise ConfigError("delay", f"{spec!r} is not a delay model; use one of uniform, gamma:SHAPE, exponential, "
-                     "heterogeneous:sqrt|linear, straggler:K, trace:FILE")
+    raise ConfigError("delay", f"{spec!r} is not a delay model; use one of {', '.join(DELAY_MODELS)}")
 
 
 def _positive_float(arg: str, spec: str, what: str) -> float:

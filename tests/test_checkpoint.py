@@ -41,10 +41,10 @@ def strip_wall(metrics):
     return [{k: v for k, v in m.items() if k != "wall_s"} for m in metrics]
 
 
-CASES = [("dcasgd-a", "gamma:2"), ("agn", "exponential"), ("ssgd", "straggler:3"), ("aeasgd", "uniform"),
-         ("easgd", "heterogeneous:sqrt"), ("dynsgd", "uniform"), ("sgd", "uniform"),
+CASES = [("dcasgd-a", "gamma:2"), ("agn", "exponential"), ("ssgd", "straggler:3"), ("aeasgd", "round-robin"),
+         ("easgd", "heterogeneous:sqrt"), ("dynsgd", "round-robin"), ("sgd", "round-robin"),
          # the rules after 2017: scalars in the server state (counts, lr_max, the look-ahead's lr)
-         ("gap-aware", "gamma:2"), ("dana-dc", "exponential"), ("async-local-sgd", "uniform"),
+         ("gap-aware", "gamma:2"), ("dana-dc", "exponential"), ("async-local-sgd", "round-robin"),
          ("diloco", "straggler:3")]
 
 
@@ -80,7 +80,7 @@ def test_resume_of_a_trace_replay(tmp_path, monkeypatch):
 
 def test_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
     path = tmp_path / "c.pt"
-    train("asgd", "uniform", path)
+    train("asgd", "round-robin", path)
     before = path.read_bytes()
     import stalegrad.checkpoint as ck
 
@@ -89,16 +89,16 @@ def test_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
         raise OSError("disk full")
     monkeypatch.setattr(ck.torch, "save", failing_save)
     with pytest.raises(sg.RunError, match="c.pt: cannot write it .*the run stopped"):
-        train("asgd", "uniform", path)
+        train("asgd", "round-robin", path)
     assert path.read_bytes() == before                    # the old checkpoint is intact
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]   # no temporary file left
 
 
 def test_mismatched_checkpoint_is_refused(tmp_path):
     path = tmp_path / "c.pt"
-    train("asgd", "uniform", path)
+    train("asgd", "round-robin", path)
     with pytest.raises(CheckpointError, match="algorithm"):
-        train("dcasgd-c", "uniform", tmp_path / "other.pt", resume=path)
+        train("dcasgd-c", "round-robin", tmp_path / "other.pt", resume=path)
     with pytest.raises(CheckpointError, match="parameters"):
         sg.train("logreg", TRAIN, TEST, sg.make_algorithm("asgd"), 3, Simulator(), epochs=1, batch_size=8,
                  seed=5, resume=path)
@@ -108,12 +108,12 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     path = tmp_path / "c.pt"
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="corrupt"):
-        train("asgd", "uniform", tmp_path / "x.pt", resume=path)
+        train("asgd", "round-robin", tmp_path / "x.pt", resume=path)
     with pytest.raises(CheckpointError, match="no checkpoint"):
-        train("asgd", "uniform", tmp_path / "x.pt", resume=tmp_path / "missing.pt")
+        train("asgd", "round-robin", tmp_path / "x.pt", resume=tmp_path / "missing.pt")
     torch.save({"format": 1, "weights": torch.zeros(3)}, path)
     with pytest.raises(CheckpointError, match="not a stalegrad checkpoint"):
-        train("asgd", "uniform", tmp_path / "x.pt", resume=path)
+        train("asgd", "round-robin", tmp_path / "x.pt", resume=path)
 
 
 @pytest.mark.parametrize("damage", ["worker", "weights", "rng", "metrics", "momentum"])
@@ -121,7 +121,7 @@ def test_a_damaged_checkpoint_is_refused_before_on_start(tmp_path, damage):
     """A checkpoint of the right format and keys whose contents do not fit the run is refused with a
     CheckpointError before ``on_start`` (which writes the run directory) is called."""
     path = tmp_path / "c.pt"
-    train("dcasgd-a", "uniform", path)
+    train("dcasgd-a", "round-robin", path)
     state = torch.load(path, weights_only=True)
     if damage == "worker":
         state["runtime"]["workers"].pop()
@@ -136,23 +136,23 @@ def test_a_damaged_checkpoint_is_refused_before_on_start(tmp_path, damage):
     torch.save(state, path)
     started = []
     with pytest.raises(CheckpointError, match=f"{path.name}: damaged checkpoint"):
-        train("dcasgd-a", "uniform", path, resume=path, on_start=lambda *a: started.append(a))
+        train("dcasgd-a", "round-robin", path, resume=path, on_start=lambda *a: started.append(a))
     assert started == []
 
 
 def test_a_checkpoint_saved_before_the_outer_optimizer_resumes(tmp_path, monkeypatch):
-    full = train("agn", "uniform", tmp_path / "full.pt")
+    full = train("agn", "round-robin", tmp_path / "full.pt")
     with monkeypatch.context() as mp:
         interrupt_at(mp, 10)
         with pytest.raises(Interrupt):
-            train("agn", "uniform", tmp_path / "cut.pt")
+            train("agn", "round-robin", tmp_path / "cut.pt")
     saved = torch.load(tmp_path / "cut.pt", weights_only=True)
     for key in ("outer_opt", "outer_lr", "outer_momentum"):   # as agn's checkpoints were before them
         del saved["fingerprint"]["algorithm"][key]
     torch.save(saved, tmp_path / "old.pt")
-    resumed = train("agn", "uniform", tmp_path / "old.pt", resume=tmp_path / "old.pt")
+    resumed = train("agn", "round-robin", tmp_path / "old.pt", resume=tmp_path / "old.pt")
     assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
     with pytest.raises(CheckpointError, match="algorithm"):   # a missing key is its default, nothing else
         sg.train(bn_model(), TRAIN, TEST, sg.make_algorithm("agn", window=2, outer_opt="nesterov"), 3,
-                 Simulator(delay="uniform"), epochs=2, batch_size=8, seed=5, checkpoint_every=7,
+                 Simulator(delay="round-robin"), epochs=2, batch_size=8, seed=5, checkpoint_every=7,
                  checkpoint_path=tmp_path / "x.pt", resume=tmp_path / "old.pt")

@@ -168,7 +168,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     (["--workers", "99999999999999999999", "--partition", "iid"], "the run needs about"),
     (["--runtime", "local", "--threads-per-worker", "100000"], "--threads-per-worker is 100000, more than"),
     (["--delay", "gamma:1e-320"], "--delay makes one message take inf virtual seconds"),
-    (["--step-time", "1e308"], "--step-time makes one message take 1e+308 virtual seconds"),
+    (["--step-time", "1e308", "--delay", "round-robin"], "--step-time makes one message take 1e+308 virtual seconds"),
     (["--delay", "trace:/dev/zero"], "not a regular file"),
 ])
 def test_values_that_would_crash_mid_run_are_refused_before_anything_is_written(tmp_path, capsys, args, needle):

@@ -110,7 +110,8 @@ def test_every_experiment_file_validates(path, run):
                 # 10 seeds x 2 data sets x 4 algos x 3 n x 3 windows x 3 lr x 2 delays; 10 x 2 x 2 x 3 x 2 x 3 x 2;
                 # 10 x 2 algos x 2 n x 2 windows x 2 delays
                 "dcasgd_decisive": 6800, "dcasgd_decisive_momentum": 920, "dcasgd_decisive_cnn": 320,
-                "agn_decisive": 4320, "agn_decisive_downpour5": 1440, "agn_decisive_agnmlp": 160}
+                "agn_decisive": 4320, "agn_decisive_downpour5": 1440, "agn_decisive_agnmlp": 160,
+                "delays_gradient": 72, "delays_commit": 96}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
 
 
@@ -138,7 +139,7 @@ BAD = [
     ("[axes]\nhidden = [256, 128]\n", "each value is a list, e.g. hidden = [[256, 128], [512]]"),
     ("[bogus]\n", "unknown table or key 'bogus'"),
     ("[axes\n", "not valid TOML"),
-    ('[axes]\ndelay = ["uniform", "gamma:-1"]\n', "cell asgd-gamma_-1: delay 'gamma:-1'"),
+    ('[axes]\ndelay = ["round-robin", "gamma:-1"]\n', "cell asgd-gamma_-1: delay 'gamma:-1'"),
     ('[axes]\nalgos = ["easgd"]\nworkers = [1, 2]\nbeta = [2.0]\n',
      "cell easgd-M1-beta_2: easgd: beta must be in (0, 1]"),
     ("batch_size = 5000\n", "larger than each worker's"),           # found by the data check

@@ -10,7 +10,7 @@ papers = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(papers)
 
 
-def fake_run(root, name, algo, workers, seed, final, *, lr=0.1, delay="uniform", window=None, curve=None,
+def fake_run(root, name, algo, workers, seed, final, *, lr=0.1, delay="round-robin", window=None, curve=None,
              train_curve=None):
     d = root / name
     d.mkdir(parents=True)

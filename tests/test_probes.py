@@ -108,7 +108,7 @@ def test_batch_stream_last_is_what_next_returned_across_passes():
 ])
 def test_probed_run_has_the_unprobed_weights(digits, algo, options):
     train, test = digits
-    delay = options.pop("delay", "uniform")
+    delay = options.pop("delay", "round-robin")
     vec = options.pop("vectorised", False)
     algorithm = sg.make_algorithm(algo, **options)
     runs = [sg.train("mlp", train, test, algorithm, workers=3, epochs=0.3, batch_size=32, seed=4,

@@ -38,7 +38,7 @@ def library_run(algorithm, M, epochs=2, B=8, lr=0.1, seed=3):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(D, C))
     w0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
-    res = sg.train(model, TRAIN, TEST, algorithm, M, Simulator(delay="uniform"), epochs=epochs, batch_size=B,
+    res = sg.train(model, TRAIN, TEST, algorithm, M, Simulator(delay="round-robin"), epochs=epochs, batch_size=B,
                    lr=lr, seed=seed)
     streams = [BatchStream(len(Y), m, M, B, "shard", seed) for m in range(M)]
     return res, w0, streams

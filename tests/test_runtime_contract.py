@@ -94,7 +94,7 @@ def test_the_runtimes_satisfy_the_protocols():
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_a_third_runtime_needs_only_the_contract(name):
     ours = train(RoundRobin(), name)
-    sim = train(Simulator(delay="uniform"), name)
+    sim = train(Simulator(delay="round-robin"), name)
     per_update = 3 if ALGORITHMS[name].synchronous else 1   # a synchronous round is every worker's turn
     assert 0 <= ours.summary["turns"] - ours.summary["updates"] * per_update < per_update
     assert "workers took turns" in ours.summary["notes"]
@@ -117,7 +117,7 @@ def test_a_third_runtime_checkpoints_and_resumes_through_the_contract(tmp_path, 
     assert resumed.update_log() == full.update_log()
 
 
-@pytest.mark.parametrize("delay,vectorised", [("gamma:2", False), ("uniform", True), ("straggler:3", False)])
+@pytest.mark.parametrize("delay,vectorised", [("gamma:2", False), ("round-robin", True), ("straggler:3", False)])
 def test_the_simulator_uses_only_the_contract(delay, vectorised):
     config = RunConfig(algorithm="dcasgd-a", workers=3, batch_size=8, epochs=1.0, seed=1).validate()
     torch.manual_seed(1)

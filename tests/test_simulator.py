@@ -10,13 +10,13 @@ from stalegrad.runtimes import Simulator
 from helpers import TEST, TRAIN, write_trace
 
 
-def run(algo="asgd", workers=4, delay="uniform", epochs=1.0, seed=0, batch_size=8, lr=None, **kw):
+def run(algo="asgd", workers=4, delay="round-robin", epochs=1.0, seed=0, batch_size=8, lr=None, **kw):
     algorithm = make_algorithm(algo, **kw) if isinstance(algo, str) else algo
     return sg.train("logreg", TRAIN, TEST, algorithm, workers, Simulator(delay=delay),
                     epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
 
 
-def test_uniform_staleness_is_exactly_m_minus_one_once_warm():
+def test_round_robin_staleness_is_exactly_m_minus_one_once_warm():
     for M in (1, 3, 8):
         res = run("asgd", workers=M, epochs=2, batch_size=4)
         hist = res.staleness["histogram"]
@@ -28,7 +28,7 @@ def test_uniform_staleness_is_exactly_m_minus_one_once_warm():
         assert res.staleness["tau_max"] == M - 1
 
 
-def test_uniform_is_round_robin():
+def test_round_robin_pushes_in_a_fixed_cycle():
     res = run("asgd", workers=3, epochs=0.5, batch_size=8)
     counts = [w["updates"] for w in res.staleness["per_worker"]]
     assert max(counts) - min(counts) <= 1
@@ -62,7 +62,7 @@ def test_straggler_is_slow_and_sees_large_staleness():
 @pytest.mark.parametrize("algo", ["ssgd", "easgd"])
 def test_synchronous_rounds_wait_for_the_slowest(algo):
     kw = {} if algo == "ssgd" else {"window": 1}
-    fast = run(algo, workers=4, delay="uniform", epochs=1, batch_size=4, **kw)
+    fast = run(algo, workers=4, delay="round-robin", epochs=1, batch_size=4, **kw)
     slow = run(algo, workers=4, delay="straggler:5", epochs=1, batch_size=4, **kw)
     rounds = fast.summary["updates"]
     assert rounds == slow.summary["updates"] == fast.summary["samples"] // (4 * 4)
@@ -79,7 +79,8 @@ def test_asgd_does_not_wait_for_the_straggler():
 
 def test_virtual_time_scales_with_step_time_and_window():
     algorithm = make_algorithm("agn", window=4)
-    res = sg.train("logreg", TRAIN, TEST, algorithm, 2, Simulator(step_time=0.5), epochs=1, batch_size=8)
+    res = sg.train("logreg", TRAIN, TEST, algorithm, 2, Simulator(delay="round-robin", step_time=0.5), epochs=1,
+                   batch_size=8)
     # round robin, 2 workers, each message = 4 steps of 0.5 s: two messages every 2 virtual seconds
     assert res.summary["virtual_s"] == pytest.approx(res.summary["updates"] / 2 * 2.0)
 
@@ -118,7 +119,7 @@ def _log_of(algorithm, workers, delay, seed, limit=None):
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
-@pytest.mark.parametrize("delay", ["uniform", "gamma:2", "exponential", "heterogeneous:sqrt", "straggler:3"])
+@pytest.mark.parametrize("delay", ["round-robin", "gamma:2", "exponential", "heterogeneous:sqrt", "straggler:3"])
 def test_every_algorithm_under_every_delay_model(algo, delay):
     workers = 1 if algo == "sgd" else 3
     kw = {"window": 2} if "window" in {f.name for f in ALGORITHMS[algo].hyperparameters()} else {}

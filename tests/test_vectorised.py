@@ -35,13 +35,13 @@ def both(algo, workers, delay, model="mlp", train=TRAIN, test=TEST, **kw):
 
 
 @pytest.mark.parametrize("algo,workers,delay", [
-    ("asgd", 4, "uniform"),
+    ("asgd", 4, "round-robin"),
     ("asgd", 7, "exponential"),
     ("dcasgd-c", 3, "heterogeneous:sqrt"),
     ("dcasgd-a", 5, "gamma:2"),
     ("dcasgd-a", 4, "straggler:4"),
     ("ssgd", 3, "gamma:1"),
-    ("sgd", 1, "uniform"),
+    ("sgd", 1, "round-robin"),
     ("sasgd", 4, "exponential"),
     ("gap-aware", 3, "gamma:2"),
     ("dana-dc", 4, "heterogeneous:sqrt"),   # the gradients at each worker's look-ahead, stacked
@@ -113,7 +113,7 @@ def test_batched_gradient_equals_each_workers_gradient():
 
 
 @pytest.mark.parametrize("algo,workers,delay,params", [
-    ("agn", 4, "uniform", {"window": 3}),
+    ("agn", 4, "round-robin", {"window": 3}),
     ("agn", 5, "heterogeneous:sqrt", {"window": 2, "local_weight_decay": 1e-3}),
     ("downpour", 3, "gamma:2", {"window": 2, "local_opt": "sgd", "local_momentum": 0.9}),
     ("dynsgd", 5, "exponential", {"window": 3}),
@@ -184,16 +184,16 @@ def test_batched_local_optimizer_step_equals_each_rows_step():
 def test_commit_rules_of_a_model_too_large_to_stack_run_one_by_one_with_a_note(monkeypatch):
     from stalegrad.runtimes import vectorised
     monkeypatch.setattr(vectorised, "CPU_STACK_BYTES", 100_000)   # the blobs mlp is 142 kB
-    one, vec = both("agn", 3, "uniform", epochs=1)
+    one, vec = both("agn", 3, "round-robin", epochs=1)
     assert vec.summary["weights_sha256"] == one.summary["weights_sha256"]
     assert any("no room to stack two" in n for n in vec.summary["notes"])
 
 
 def test_changing_learning_rate_runs_commit_rules_one_by_one_with_a_note():
-    one, vec = both("agn", 3, "uniform", epochs=1, lr_milestones=[0.5])
+    one, vec = both("agn", 3, "round-robin", epochs=1, lr_milestones=[0.5])
     assert vec.summary["weights_sha256"] == one.summary["weights_sha256"]
     assert any("learning rate changes" in n for n in vec.summary["notes"])
-    one, vec = both("asgd", 3, "uniform", epochs=1, lr_milestones=[0.5])   # gradient rules apply lr at the push
+    one, vec = both("asgd", 3, "round-robin", epochs=1, lr_milestones=[0.5])   # gradient rules apply lr at the push
     assert vec.summary["notes"] == []
 
 

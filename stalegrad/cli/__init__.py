@@ -12,6 +12,7 @@ import sys
 import click
 
 from ..errors import ConfigError, StalegradError
+from . import options
 from .options import flag_of
 from .grid import grid
 from .report import report
@@ -64,6 +65,7 @@ def _one_line(text: str) -> str:
 
 def main(argv=None) -> int:
     """Entry point: one-line errors, exit 2 for usage errors, 1 for a failed run, 130 when interrupted."""
+    options.WARNED.clear()   # each command prints its deprecation lines once
     try:
         code = cli.main(args=argv, prog_name="stalegrad", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):

@@ -17,7 +17,7 @@ from click.core import ParameterSource
 from ..algorithms import ALGORITHMS, make_algorithm, renamed
 from ..config import ON_NONFINITE, PARTITIONS, RunConfig
 from ..data import DATASETS
-from ..delays import DELAY_MODELS
+from ..delays import DEFAULT_DELAY, DELAY_MODELS, deprecation, renamed_delay
 from ..errors import ConfigError, UsageError
 from ..models import INITS, MODELS
 from ..runtimes import RUNTIMES
@@ -98,8 +98,9 @@ def run_options(f):
         click.option("--lr-milestones", callback=_csv_floats, default=None,
                      help="step decay: epochs at which lr is multiplied by --lr-gamma, e.g. 80,120"),
         click.option("--lr-gamma", type=float, default=0.1, show_default=True),
-        click.option("--delay", default="uniform", show_default=True,
-                     help="simulator delay model: " + ", ".join(DELAY_MODELS)),
+        click.option("--delay", default=None,   # None: not given (refused with runtime local or ray when given)
+                     help="simulator delay model: " + ", ".join(DELAY_MODELS) + " (docs/delays.md; "
+                          f"round-robin is the lockstep stress test, formerly 'uniform')  [default: {DEFAULT_DELAY}]"),
         click.option("--step-time", type=float, default=1.0, show_default=True,
                      help="virtual seconds of one local step of a speed-1 worker"),
         click.option("--vectorised", is_flag=True,
@@ -307,9 +308,19 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
                      probe_every=p.get("probe_every", 0), val_split=p.get("val_split") or 0, extra=extra).validate()
 
 
-SIM_ONLY = (("delay", "uniform"), ("step_time", 1.0), ("vectorised", False), ("threads", None))
+SIM_ONLY = (("delay", None), ("step_time", 1.0), ("vectorised", False), ("threads", None))
 LOCAL_ONLY = ("threads_per_worker", "worker_timeout")
 RAY_ONLY = (("address", None), ("ps_shards", 1), ("cpus_per_worker", 1.0), ("gpus_per_worker", 0.0))
+
+
+WARNED: set[str] = set()   # the deprecation lines printed by this command (main() clears it)
+
+
+def warn_once(line: str) -> None:
+    """Print a warning line on stderr once per command (a grid checks every cell, compare every run)."""
+    if line not in WARNED:
+        WARNED.add(line)
+        print(line, file=sys.stderr)
 
 
 def build_runtime(p: dict):
@@ -348,5 +359,9 @@ def build_runtime(p: dict):
         raise ConfigError("record_trace", "records a real run: use it with runtime local or ray "
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")
     from ..runtimes.sim import Simulator
-    return Simulator(delay=p["delay"], step_time=p["step_time"], vectorised=bool(p.get("vectorised")),
+    delay = DEFAULT_DELAY if p.get("delay") is None else p["delay"]
+    if renamed_delay(delay) is not None:
+        warn_once(f"stalegrad: warning: {deprecation(delay)}")
+        delay = renamed_delay(delay)
+    return Simulator(delay=delay, step_time=p["step_time"], vectorised=bool(p.get("vectorised")),
                      threads=p.get("threads"))

@@ -9,6 +9,7 @@ import click
 from click.core import ParameterSource
 
 from ..algorithms import ALGORITHMS
+from ..delays import DEFAULT_DELAY, renamed_delay
 from ..errors import UsageError
 from .options import ALGO_FLAGS, apply_config_file, build_config, build_runtime, run_options
 
@@ -261,10 +262,15 @@ def _check_compare(names: list[str], params: dict, out: Path) -> list[tuple[str,
     return per_algo
 
 
+def shown_delay(delay) -> str:
+    delay = DEFAULT_DELAY if delay is None else delay
+    return renamed_delay(delay) or delay
+
+
 def _table(rows: list[dict], params: dict, base: str) -> str:
     from ..progress import count
     head = (f"{params['dataset']} / {params['model']}, {count(params['epochs'], 'epoch')}, batch {params['batch_size']}, "
-            f"delay {params['delay']}, seed {params['seed']}")
+            f"delay {shown_delay(params.get('delay'))}, seed {params['seed']}")
     cols = ["algorithm", "M", "test acc", "best acc", "test loss", "tau mean", "tau max", "updates",
             "virtual s", "wall s", f"TE vs {base}"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]

@@ -9,10 +9,11 @@ order, initial weights) comes from the seed, so a seed fixes the final
 from __future__ import annotations
 
 import random
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..delays import DelayModel, Trace, check_clock, parse_delay
+from ..delays import DEFAULT_DELAY, DelayModel, Trace, check_clock, deprecation, parse_delay, renamed_delay
 from ..errors import ConfigError, check_finite_positive
 from .base import Training
 from .events import EventLoop, Replay
@@ -20,7 +21,7 @@ from .events import EventLoop, Replay
 
 @dataclass
 class Simulator:
-    delay: str | DelayModel = "uniform"
+    delay: str | DelayModel = DEFAULT_DELAY   # docs/delays.md: measured, not round-robin lockstep
     step_time: float = 1.0   # virtual seconds of one local step of a speed-1 worker
     vectorised: bool = False  # batch the gradients of workers whose pushes fall due together
     threads: int | None = None  # torch's intra-op threads; None: measured (numerics.ThreadGovernor)
@@ -31,6 +32,9 @@ class Simulator:
         check_finite_positive("step_time", self.step_time)
         if not isinstance(self.delay, (str, DelayModel)):
             raise ConfigError("delay", f"must be a delay model or its name, not {type(self.delay).__name__}")
+        if renamed_delay(self.delay) is not None:   # 'uniform': once here, then under its new name
+            warnings.warn(deprecation(self.delay), DeprecationWarning, stacklevel=3)
+            self.delay = renamed_delay(self.delay)
         if not isinstance(self.vectorised, bool):
             raise ConfigError("vectorised", f"must be True or False, got {self.vectorised!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)

@@ -1,0 +1,67 @@
+"""The table of docs/results/delay_models.md: every family under every delay model (issue 21).
+
+    python benchmarks/delay_models.py runs/delays_gradient runs/delays_commit
+
+reads the finished runs of the two grids (experiments/delays_gradient.toml, delays_commit.toml) and
+prints, per algorithm and setting (rows) and delay model (columns), the final test accuracy: the mean
+over the seeds that finished, with a 95% t interval (mean ± t(0.975, n-1) * s / sqrt(n)) when there
+are 2 or more, and the number of seeds; then the mean tau and the largest tau of each cell (seed 0).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+DELAYS = ("round-robin", "gamma:2", "exponential", "heterogeneous:sqrt")
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def runs(grid_dir: Path):
+    for run in sorted((grid_dir / "runs").iterdir()) if (grid_dir / "runs").is_dir() else []:
+        try:
+            summary = json.loads((run / "summary.json").read_text())
+            config = json.loads((run / "config.json").read_text())
+        except (OSError, ValueError):
+            continue       # not finished
+        algo = config["algorithm"]
+        setting = f"M = {config['workers']}, lr {config['lr']:g}" if "window" not in algo else \
+            f"n = {config['workers']}, window {algo['window']}"
+        yield algo["name"], setting, config["runtime"]["delay"], config["seed"], summary
+
+
+def cell(values: list[float]) -> str:
+    n = len(values)
+    if n == 0:
+        return "—"
+    mean = statistics.fmean(values)
+    if n == 1:
+        return f"{mean:.3f} (1)"
+    half = T975[n - 1] * statistics.stdev(values) / math.sqrt(n)
+    return f"{mean:.3f} ± {half:.3f} ({n})"
+
+
+def main(dirs: list[str]) -> None:
+    table: dict = {}
+    taus: dict = {}
+    for d in dirs:
+        for algo, setting, delay, seed, summary in runs(Path(d)):
+            table.setdefault((setting, algo), {}).setdefault(delay, []).append(summary["final_test_acc"])
+            if seed == 0:
+                taus[(setting, algo, delay)] = (summary["tau_mean"], summary["tau_max"])
+    print("| setting | algorithm | " + " | ".join(DELAYS) + " |")
+    print("|---|---|" + "---|" * len(DELAYS))
+    for (setting, algo), by_delay in table.items():
+        print(f"| {setting} | {algo} | " + " | ".join(cell(by_delay.get(d, [])) for d in DELAYS) + " |")
+    print()
+    print("| setting | algorithm | " + " | ".join(f"{d}: tau mean / max" for d in DELAYS) + " |")
+    print("|---|---|" + "---|" * len(DELAYS))
+    for setting, algo in table:
+        row = [taus.get((setting, algo, d)) for d in DELAYS]
+        print(f"| {setting} | {algo} | " + " | ".join("—" if r is None else f"{r[0]:.1f} / {r[1]}" for r in row) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["runs/delays_gradient", "runs/delays_commit"])
