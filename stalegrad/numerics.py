@@ -132,6 +132,34 @@ class ThreadGovernor:
             self._start(self.current, self.trial_s)
 
 
+    def restrict(self, counts: list[int]) -> None:
+        """Keep only ``counts`` (those that give the bits of one thread); before the first message."""
+        kept = [n for n in self.candidates if n in counts] or [1]
+        self.candidates, self._queue = kept, list(kept)
+        self._start(self._queue.pop(0), self.trial_s if len(kept) > 1 else float("inf"))
+
+
+def agreeing_counts(step, counts: list[int]) -> list[int]:
+    """The thread counts at which ``step()`` (a list of tensors) gives the bits it gives at one thread.
+
+    MKL's strict mode and oneDNN off cover the large products; a few of torch's own kernels still split a
+    sum by thread (a matrix product with a transposed operand and a tiny output, e.g. an mlp's last layer
+    at batch 8, runs torch's native gemm, which splits the inner dimension). The simulator runs one
+    step of the run's own shapes at each count before the first message, and keeps those that agree."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        reference = step()
+        agree = [1]
+        for n in sorted(set(counts) - {1}):
+            torch.set_num_threads(n)
+            if all(torch.equal(a, b) for a, b in zip(reference, step())):
+                agree.append(n)
+        return agree
+    finally:
+        torch.set_num_threads(before)
+
+
 def fixed_threads() -> int | None:
     """The thread count the user fixed with OMP_NUM_THREADS (None: not fixed)."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()

@@ -165,3 +165,42 @@ def test_config_records_the_pinned_numerics():
         assert numerics["mkl_cbwr_env"] == "AVX2,STRICT" and numerics["aten_cpu_capability_env"] == "avx2"
         assert numerics["mkl_cbwr"].endswith(",STRICT")
         assert numerics["cpu_capability"] == "AVX2"   # torch's kernels follow the pin, even on an AVX512 CPU
+
+
+SMALL_BATCH = r"""
+import json, sys
+import stalegrad as sg
+tr, te = sg.load_pair("digits")
+r = sg.train("mlp", tr, te, "asgd", workers=4, epochs=0.5, batch_size=8, seed=3)
+print(json.dumps([r.summary["weights_sha256"], r.summary["threads_used"], r.summary.get("notes", [])]))
+"""
+
+
+def test_a_kernel_that_splits_by_thread_is_caught_before_the_run():
+    """At batch 8 the mlp's last layer (8 x 128 by 128 x 10, the weight transposed) runs torch's native
+    gemm, which splits the inner sum by thread even with MKL strict: the simulator finds that with one
+    step of the run's shapes at each count and runs at one thread, so 1 and 2 threads give one hash."""
+    import torch
+    import torch.nn.functional as F
+
+    import stalegrad  # noqa: F401  (MKL strict before torch computes)
+    g = torch.Generator().manual_seed(0)
+    x, W, b = torch.randn(8, 128, generator=g), torch.randn(10, 128, generator=g), torch.randn(10, generator=g)
+    before = torch.get_num_threads()
+    outs = []
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        outs.append(F.linear(x, W, b))
+    torch.set_num_threads(before)
+    if torch.equal(*outs):
+        pytest.skip("this torch build's kernel does not split by thread at this shape: nothing to catch")
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY")}
+    runs = []
+    for n in (1, 2):
+        p = subprocess.run([sys.executable, "-c", SMALL_BATCH], env={**env, "OMP_NUM_THREADS": str(n)},
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        runs.append(json.loads(p.stdout.splitlines()[-1]))
+    assert runs[0][0] == runs[1][0]                       # one hash
+    assert runs[1][1] == {"1": runs[1][1]["1"]}           # asked for 2 threads, ran every message at 1
+    assert any("threads: 2 would change this run's bits" in n for n in runs[1][2])

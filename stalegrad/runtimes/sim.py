@@ -64,6 +64,47 @@ class Simulator:
         return {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised,
                 "threads": self.threads}
 
+    def _agree_threads(self, training: Training) -> None:
+        """Run only at thread counts that give one thread's bits for this model and these shapes."""
+        import copy
+
+        import torch
+
+        from .. import numerics
+        from ..worker import FlatModel
+        governor, factory = self._governor, training.worker_factory
+        if factory.model is None or factory.model.flat.device.type != "cpu" or governor.candidates == [1]:
+            return
+        model = FlatModel(copy.deepcopy(factory.model.module))
+        gen = torch.Generator().manual_seed(0)
+        shape = tuple(factory.x.shape[1:])
+        classes = int(factory.y.max()) + 1
+        x = torch.randn((factory.batch_size, *shape), generator=gen).to(factory.x.dtype)
+        y = torch.randint(0, classes, (factory.batch_size,), generator=gen)
+        n_test = len(training.test_data.y)
+        # the evaluation's chunks of 1000 and the test set's last one; a last chunk of 1 to 8 (the validation
+        # set's, whose size a runtime does not see) is where the tiny-output products are
+        sizes = sorted({min(1000, n_test), n_test % 1000, *range(1, 9)} - {0})
+        inputs = [torch.randn((k, *shape), generator=gen).to(factory.x.dtype) for k in sizes]
+        w = factory.w0.clone()
+
+        def step():
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                loss, grad = model.loss_and_grad(w, x, y)
+                out = [torch.tensor(loss), grad.clone()]
+                model.module.eval()
+                with torch.no_grad():
+                    out += [model.module(chunk) for chunk in inputs]
+            return out
+
+        agree = numerics.agreeing_counts(step, governor.candidates)
+        if agree != sorted(governor.candidates):
+            training.note(f"threads: {', '.join(map(str, sorted(set(governor.candidates) - set(agree))))} would change "
+                          f"this run's bits (a kernel of torch's that splits a sum by thread at these shapes); "
+                          f"ran at {', '.join(map(str, agree))}")
+            governor.restrict(agree)
+
     def run(self, training: Training, *, seed: int = 0, resume: dict | None = None) -> None:
         """Drive ``training`` to its sample budget; ``resume`` is the state a checkpoint saved."""
         M = training.server.num_workers
@@ -82,6 +123,7 @@ class Simulator:
         elif loop is None:
             loop = EventLoop(training, delay, self.step_time, rng)
         if self._governor is not None:
+            self._agree_threads(training)
             loop.pace = self._governor.tick
         if resume is None:
             loop.begin()
