@@ -1,6 +1,7 @@
 """The table of docs/results/delay_models.md: every family under every delay model (issue 21).
 
     python benchmarks/delay_models.py runs/delays_gradient runs/delays_commit
+    python benchmarks/delay_models.py --stability     # the linear check of the lockstep effect
 
 reads the finished runs of the two grids (experiments/delays_gradient.toml, delays_commit.toml) and
 prints, per algorithm and setting (rows) and delay model (columns), the final test accuracy: the mean
@@ -63,5 +64,37 @@ def main(dirs: list[str]) -> None:
         print(f"| {setting} | {algo} | " + " | ".join("—" if r is None else f"{r[0]:.1f} / {r[1]}" for r in row) + " |")
 
 
+def stability(n: int = 40, pushes: int = 40000) -> None:
+    """The largest step a for which x_{k+1} = x_k - a * sum_tau p(tau) x_{k-tau} is stable (spectral radius
+    below 1), p the simulator's tau histogram at n workers under each model (``delay_traces.simulate``)."""
+    import numpy as np
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from delay_traces import histogram, simulate
+
+    def radius(a, p):
+        c = np.zeros(max(p) + 2)          # z^(J+1) - z^J + a * sum_j p_j z^(J-j)
+        c[0], c[1] = 1.0, -1.0
+        for j, pj in p.items():
+            c[1 + j] += a * pj
+        return max(abs(np.roots(c)))
+
+    for spec in ("round-robin", "heterogeneous:sqrt", "gamma:2"):
+        _, taus = simulate(spec, n, pushes)
+        h = {k: v for k, v in histogram(taus[2 * n:]).items() if v > 1e-5}
+        total = sum(h.values())
+        p = {k: v / total for k, v in h.items()}
+        lo, hi = 1e-5, 2.0
+        for _ in range(40):                # bisection on a log scale
+            mid = (lo * hi) ** 0.5
+            lo, hi = (mid, hi) if radius(mid, p) < 1 else (lo, mid)
+        print(f"{spec}: mean tau {sum(k * v for k, v in p.items()):.1f}, largest stable a {lo:.4f}")
+    beta = 1 - 1 / n
+    print(f"exponential (tau geometric: heavy-ball momentum beta = 1 - 1/n): a < 2(1 + beta)/(1 - beta) = "
+          f"{2 * (1 + beta) / (1 - beta):.0f}")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["runs/delays_gradient", "runs/delays_commit"])
+    if sys.argv[1:] == ["--stability"]:
+        stability()
+    else:
+        main(sys.argv[1:] or ["runs/delays_gradient", "runs/delays_commit"])
