@@ -135,7 +135,7 @@ class RayRuntime:
         problem = placement_problem(nodes, workers, self.ps_shards, worker_request, dict(self.shard_resources or {}))
         if problem is None:
             return
-        join = f"ray start --address {self.address}" if self.address not in (None, "auto") else "ray start --address HEAD:PORT"
+        join = f"ray start --address {self.address if self.address not in (None, 'auto') else 'HEAD:PORT'}"
         if problem["what"] == "shards":
             raise ConfigError("shard_resources", f"asks for {problem['asks']} per server shard, but {where} can place "
                                                  f"{problem['placed']} of the {self.ps_shards} shards (its nodes offer "
@@ -151,8 +151,8 @@ class RayRuntime:
             (" --resources '{\"NAME\": N}'" if set(short) - {"CPU", "GPU"} else "")
         fixes.append(f"or add a node (`{join}{add}`; a head started with --num-cpus 0 runs no worker)")
         fixes[0] = fixes[0].replace("or add", "add") if len(fixes) == 1 else fixes[0]
-        raise ConfigError("workers", f"is {workers}, but {where} can place {problem['placed'] or 'none'} at a time: each asks "
-                                     f"for {problem['asks']}, and its nodes offer {problem['offer']}; "
+        raise ConfigError("workers", f"is {workers}, but {where} can place {problem['placed'] or 'none'} at a time: "
+                                     f"each asks for {problem['asks']}, and its nodes offer {problem['offer']}; "
                                      f"{', '.join(fixes)}", mentions=("workers",))
 
     def describe(self) -> dict:

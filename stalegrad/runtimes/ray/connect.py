@@ -110,8 +110,8 @@ def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> dict:
     text = "".join(err)
     if auth.is_set() or any(sign in text for sign in _AUTH_SIGNS):
         mode = os.environ.get("RAY_AUTH_MODE")
-        why = "RAY_AUTH_MODE is not set here" if mode is None else \
-            f"RAY_AUTH_MODE is {mode!r} here" if mode.lower() != "token" else "the token here is missing or not the head's"
+        why = "RAY_AUTH_MODE is not set here" if mode is None else f"RAY_AUTH_MODE is {mode!r} here" \
+            if mode.lower() != "token" else "the token here is missing or not the head's"
         raise ConfigError("address", f"is {address}, but the cluster refused this machine's token ({why}); "
                                      f"{AUTH_FIX}")
     for line in out.splitlines():
@@ -209,3 +209,48 @@ def session_logs(ray) -> str | None:
         return ray._private.worker._global_node.get_logs_dir_path()
     except Exception:
         return None
+
+
+def room_for(ray, request: dict) -> bool:
+    """Whether the cluster has, free now, the resources of one more actor asking ``request`` (summed
+    over the nodes: a request split across two nodes' leftovers reads as room, and is then waited for)."""
+    try:
+        free = ray.available_resources()
+    except Exception:
+        return True
+    return _fits(free, {k: v for k, v in request.items() if v > 0}) >= 1
+
+
+def wait_started(ray, shards: list, actors: dict, say, every: float = 30.0) -> list:
+    """Wait until every shard and worker actor answers a ping; the workers whose actor died meanwhile
+    (its node lost while it started). While some wait for their resources (other jobs hold them), say so
+    every ``every`` seconds instead of waiting in silence."""
+    pending = {s.ping.remote(): None for s in shards}
+    pending.update({a.ping.remote(): m for m, a in actors.items()})
+    dead, waited = [], 0.0
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=every)
+        for ref in ready:
+            m = pending.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                if m is None:
+                    raise
+                dead.append(m)
+        if pending and not ready:
+            waited += every
+            workers = sum(m is not None for m in pending.values())
+            say(f"waiting {waited:g} s for Ray to start {workers} worker and {len(pending) - workers} shard actors "
+                "(their resources are taken: see `ray status`)")
+    return sorted(dead)
+
+
+def shard_placement(ray, shard_resources: dict | None) -> dict:
+    """Ray options of a server shard: on the nodes offering ``shard_resources`` when given, else on the
+    driver's node (soft: elsewhere if it cannot), which exchanges every message with them, and whose
+    loss ends the run anyway; a worker node that dies then takes no shard with it."""
+    if shard_resources:
+        return {"resources": dict(shard_resources)}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}

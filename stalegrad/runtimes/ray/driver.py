@@ -36,6 +36,7 @@ from ...errors import RunError
 from ...server import NonFiniteError
 from ...sharding import ShardedServer, merge_states, shard_bounds, split_state
 from .actors import ShardActor, ShardRestarted, WorkerActor, to_numpy, to_torch
+from .connect import room_for, shard_placement, wait_started
 
 
 class ShardLost(Exception):
@@ -79,8 +80,7 @@ class Driver:
         per_element = self.algo.per_element_state
         parts = split_state(self.server.state_dict(), self.bounds, per_element)
         shard_cls = ray.remote(num_cpus=0, max_restarts=rt.max_restarts, max_task_retries=0)(ShardActor)
-        if rt.shard_resources:
-            shard_cls = shard_cls.options(resources=dict(rt.shard_resources))
+        shard_cls = shard_cls.options(**shard_placement(ray, rt.shard_resources))
         self.shards = [shard_cls.remote(self.algo, b - a, self.M, self.server.on_nonfinite) for a, b in self.bounds]
         parts = [to_numpy(p) for p in parts]
         self.ray.get([s.load.remote(p) for s, p in zip(self.shards, parts)])
@@ -90,6 +90,7 @@ class Driver:
         self.sharded.version = self.server.version
         self.sharded.pulled_version = list(self.server.pulled_version)
         self.sharded.live = set(self.server.live) & self.live
+        self.request = {"CPU": rt.cpus_per_worker, "GPU": rt.gpus_per_worker, **(rt.worker_resources or {})}
         self.worker_cls = ray.remote(num_cpus=rt.cpus_per_worker, num_gpus=rt.gpus_per_worker,
                                      max_restarts=0)(WorkerActor)
         if rt.worker_resources:
@@ -103,7 +104,8 @@ class Driver:
         states = self.resume["workers"] if self.resume else [None] * self.M
         for m in sorted(self.live):
             self.actors[m] = self._new_worker(m, to_numpy(states[m]))
-        ray.get([s.ping.remote() for s in self.shards] + [a.ping.remote() for a in self.actors.values()])
+        for m in wait_started(ray, self.shards, self.actors, lambda text: print(f"stalegrad: {text}", file=sys.stderr)):
+            self.replace_worker(m, launch=False)   # its node died as it started
 
     def _new_worker(self, m: int, state=None, pool=None):
         device = self.factory.device
@@ -195,7 +197,8 @@ class Driver:
                 finished = self.actors[m].finish.options(num_returns=1 + self.K).remote(*pulled)
                 refs = [*finished, *pulled]
                 meta, slices = ray.get(finished[0]), finished[1:]
-        except ray.exceptions.RayActorError:
+            self.held = ray.get(list(slices))   # pinned here: a message on a node that dies is not lost mid-push
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
             self.settle(refs, timeout=1.0)
             if self.shards_lost():    # a failed pull, not the worker
                 raise ShardLost from None
@@ -216,6 +219,7 @@ class Driver:
         pulled, version = sharded.pulled_version[m], sharded.version
         t = time.perf_counter()
         sharded.push(m, slices, training.lr, finite)
+        self.held = None   # (no reference left to a message on a worker's node: its loss is nothing to recover)
         self.push_s.append(time.perf_counter() - t)
         self.server.version = sharded.version   # the training run's clock: checkpoint_due() reads it
         self.pushes[m] += 1
@@ -271,9 +275,6 @@ class Driver:
             freed.append(m)          # (a worker that died: its replacement, if any)
         return freed
 
-    def running(self, m: int) -> bool:
-        return any(entry[0] == m for entry in self.futures.values())
-
     def checkpoint(self, also_running: int | None = None) -> None:
         """A consistent cut: no message in flight, every worker between two messages."""
         freed = self.drain() + ([also_running] if also_running is not None else [])
@@ -285,7 +286,7 @@ class Driver:
             self.parked = [p for p in sorted(self.live) if p in self.sharded.round]
             freed = [p for p in self.live if p not in self.sharded.round]
         for m in sorted(set(freed)):
-            if m in self.live and not self.running(m):
+            if m in self.live and not any(entry[0] == m for entry in self.futures.values()):
                 self.launch(m)
 
     def save(self) -> None:
@@ -338,8 +339,9 @@ class Driver:
         """Worker m died (or its node): a new actor if the cluster has room, else its samples to the others."""
         self.ray.kill(self.actors[m], no_restart=True)
         actor = self._new_worker(m, pool=self.pools[m].numpy())
-        try:
-            self.ray.get(actor.ping.remote(), timeout=self.rt.restart_timeout)
+        try:   # no room left: given up at once; else a replacement has restart_timeout seconds to start
+            wait = self.rt.restart_timeout if room_for(self.ray, self.request) else 0
+            self.ray.get(actor.ping.remote(), timeout=wait)
             self.actors[m] = actor
             self.note(f"worker {m} died at update {self.sharded.version}; a new one took its place")
             if launch and not self.training.done:   # (a synchronous round waits for its message too)
