@@ -36,7 +36,8 @@ from ...errors import RunError
 from ...server import NonFiniteError
 from ...sharding import ShardedServer, merge_states, shard_bounds, split_state
 from .actors import ShardActor, ShardRestarted, WorkerActor, to_numpy, to_torch
-from .connect import room_for, shard_placement, wait_started
+from .connect import shard_placement, wait_started
+from .recovery import Recovery
 
 
 class ShardLost(Exception):
@@ -48,7 +49,7 @@ def _restarted(e: BaseException) -> bool:
     return isinstance(e, ShardRestarted) or isinstance(getattr(e, "cause", None), ShardRestarted)
 
 
-class Driver:
+class Driver(Recovery):
     def __init__(self, runtime, training, resume: dict | None):
         import ray
         self.ray, self.rt, self.training = ray, runtime, training
@@ -67,6 +68,7 @@ class Driver:
         self.live: set[int] = set(range(self.M))
         self.lost, self.updates_lost, self.pushes = 0, 0, [0] * self.M
         self.push_s: list[float] = []
+        self.committed = None   # one shard: the verdict of the commit that prepare_commit already made
         self.trace = [] if runtime.record_trace is not None else None
         self.snapshot: list[dict] | None = None   # the shards' state at the last checkpoint (or the resumed one)
         self.pools = [self.factory.stream(m).pool for m in range(self.M)]
@@ -124,10 +126,18 @@ class Driver:
 
     # ---- transport ------------------------------------------------------------------
     def _call(self, method: str, args) -> list:
-        refs = [getattr(s, method).remote(*a) for s, a in zip(self.shards, args)]
+        if self.K == 1 and method == "commit" and self.committed is not None:
+            applied, self.committed = self.committed, None   # (done by prepare_commit with the prepare)
+            return [applied]
+        self.committed = None
+        fused = self.K == 1 and method == "prepare"   # one shard: prepare and commit in one round trip
+        refs = [getattr(s, "prepare_commit" if fused else method).remote(*a) for s, a in zip(self.shards, args)]
         if method == "pull":
             return refs            # handed to the worker: the object store moves them, not the driver
         try:
+            if fused:
+                prepared, self.committed = self.ray.get(refs[0])
+                return [prepared]
             return self.ray.get(refs)
         except self.ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, NonFiniteError):
@@ -296,77 +306,6 @@ class Driver:
         states = dict(zip(names, self.ray.get([self.actors[m].state.remote() for m in names])))
         workers = [to_torch(states[m]) if m in states else None for m in range(self.M)]
         self.training.save_checkpoint({"kind": "ray", "now": time.perf_counter() - self.t0, "workers": workers})
-
-    def restore_shards(self, launch: bool = True) -> None:
-        """A shard died: Ray restarts it; every shard goes back to the last checkpoint."""
-        if self.snapshot is None:
-            raise RunError("a parameter-server shard died and the run has no checkpoint to restore it from; "
-                           "run with --checkpoint-every N so that the server can recover")
-        deadline = time.monotonic() + self.rt.restart_timeout
-        while True:
-            try:
-                self.ray.get([s.ping.remote() for s in self.shards], timeout=self.rt.restart_timeout)
-                break
-            except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
-                if time.monotonic() > deadline:
-                    raise RunError("a parameter-server shard died and was not restarted in "
-                                   f"{self.rt.restart_timeout:g} s; the run stopped") from None
-                time.sleep(0.5)
-        before = self.sharded.version
-        self.ray.get([s.load.remote(p) for s, p in zip(self.shards, self.snapshot)])
-        first = self.snapshot[0]
-        self.sharded.version = int(first["version"])
-        self.sharded.pulled_version = [int(v) for v in first["pulled_version"]]
-        self.sharded.round = {}
-        self.sharded.live = {int(m) for m in first["live"]}
-        for m in sorted(self.sharded.live - self.live):   # lost since the checkpoint: lost again
-            self.sharded.remove_worker(m, self.training.lr)
-        self.server.version = self.sharded.version
-        self.updates_lost += before - self.sharded.version
-        self.note(f"a parameter-server shard died at update {before}; the server went back to the checkpoint "
-                  f"at update {self.sharded.version} ({before - self.sharded.version} updates lost)")
-        # messages computed on weights the server no longer has (fetched, so that Ray does not
-        # report their errors as unhandled)
-        self.settle([r for ref, (_, slices, _, pulled) in self.futures.items() for r in (ref, *slices, *pulled)],
-                    timeout=self.rt.restart_timeout)
-        self.futures.clear()
-        self.parked = []
-        if launch and not self.training.done:
-            for m in sorted(self.live):
-                self.launch(m)
-
-    def replace_worker(self, m: int, launch: bool = True) -> None:
-        """Worker m died (or its node): a new actor if the cluster has room, else its samples to the others."""
-        self.ray.kill(self.actors[m], no_restart=True)
-        actor = self._new_worker(m, pool=self.pools[m].numpy())
-        try:   # no room left: given up at once; else a replacement has restart_timeout seconds to start
-            wait = self.rt.restart_timeout if room_for(self.ray, self.request) else 0
-            self.ray.get(actor.ping.remote(), timeout=wait)
-            self.actors[m] = actor
-            self.note(f"worker {m} died at update {self.sharded.version}; a new one took its place")
-            if launch and not self.training.done:   # (a synchronous round waits for its message too)
-                self.launch(m)
-            return
-        except (self.ray.exceptions.GetTimeoutError, self.ray.exceptions.RayActorError):
-            self.ray.kill(actor, no_restart=True)
-        self.live.discard(m)
-        del self.actors[m]
-        self.lost += 1
-        self.sharded.remove_worker(m, self.training.lr)   # (may close a synchronous round)
-        self.server.version = self.sharded.version
-        survivors = sorted(self.live)
-        text = f"worker {m} lost at update {self.sharded.version} and not replaced (no room in the cluster)"
-        if survivors and self.factory.partition == "shard":
-            for s, part in zip(survivors, self.pools[m].tensor_split(len(survivors))):
-                self.pools[s] = torch.cat([self.pools[s], part])
-                self.actors[s].adopt.remote(part.numpy())
-            text += f"; its {len(self.pools[m])} samples now go to workers {', '.join(map(str, survivors))}"
-            self.pools[m] = self.pools[m][:0]
-        self.note(text)
-        if self.algo.synchronous and not self.sharded.round_open and self.parked:
-            parked, self.parked = self.parked, []
-            for p in parked:
-                self.launch(p)
 
     def note(self, text: str) -> None:
         self.training.note(text)
