@@ -34,7 +34,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 import stalegrad as sg  # noqa: E402
 from stalegrad.runtimes import RayRuntime  # noqa: E402
-from stalegrad.runtimes.ray import driver as ray_driver  # noqa: E402
+from stalegrad.runtimes.ray import recovery as ray_driver  # noqa: E402
 
 from helpers import blobs  # noqa: E402
 

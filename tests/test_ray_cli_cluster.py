@@ -158,3 +158,51 @@ def test_a_cluster_too_small_and_a_missing_auth_mode_are_one_line_and_write_noth
     assert "refused this machine's token (RAY_AUTH_MODE is not set here)" in proc.stderr
     assert "set RAY_AUTH_MODE=token" in proc.stderr and "~/.ray/auth_token" in proc.stderr
     assert time.monotonic() - t0 < 60 and not out.exists()
+
+
+def test_a_node_killed_mid_run_costs_one_line_of_ours_and_none_of_rays(cluster, tmp_path):
+    # a third node with one worker; its raylet killed (kill -9) once the run has evaluated twice
+    log = open(cluster["base"] / "node_c.log", "w")
+    node_c = subprocess.Popen([RAY, "start", "--address", cluster["address"], "--num-cpus", "1",
+                               "--disable-usage-stats", "--block"], env=cluster["env"], stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    out = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 120
+        while (raylet := subprocess.run(["pgrep", "-P", str(node_c.pid), "-f", "raylet"], capture_output=True,
+                                        text=True).stdout.split()) == [] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert raylet, (cluster["base"] / "node_c.log").read_text()
+        env = dict(cluster["env"])
+        while time.monotonic() < deadline:   # until the cluster counts node c's CPU
+            check = subprocess.run([RAY, "status", "--address", cluster["address"]], env=env, capture_output=True,
+                                   text=True, timeout=60)
+            if "/3.0 CPU" in check.stdout:
+                break
+            time.sleep(1)
+        run = subprocess.Popen([sys.executable, "-m", "stalegrad", "train", "--runtime", "ray", "--address",
+                                cluster["address"], "--dataset", "digits", "--model", "logreg", "--workers", "3",
+                                "--batch-size", "16", "--epochs", "8", "--eval-every", "0.5", "--out", str(out)],
+                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            metrics = out / "metrics.jsonl"
+            while time.monotonic() < deadline + 120 and run.poll() is None and (
+                    not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+                time.sleep(0.2)
+            assert run.poll() is None, run.communicate()
+            os.kill(int(raylet[0]), signal.SIGKILL)
+            stdout, stderr = run.communicate(timeout=300)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    finally:
+        stop(node_c)
+    assert run.returncode == 0, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workers_lost"] == 1 and summary["samples"] >= 8 * 1437
+    ours = [ln for ln in stderr.splitlines() if ln.startswith("stalegrad: worker")]
+    assert len(ours) == 1 and "not replaced (no room in the cluster)" in ours[0], stderr
+    rays = [ln for ln in (stdout + stderr).splitlines()
+            if "(raylet)" in ln or "Raylet is terminated" in ln or "Last 20 lines" in ln or "A worker died" in ln]
+    assert rays == [], stdout + stderr
