@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 from ...errors import ConfigError, check_finite_positive
@@ -50,6 +51,7 @@ from ..base import Training
 from .connect import CONNECT_TIMEOUT, divert_ray_errors, placement_problem, probe, session_logs, split_address
 
 RESTART_TIMEOUT = 10.0
+_PROBED: dict = {}   # address -> (when, what connect.probe read): joined once per run, not per check
 
 INSTALL = "pip install 'stalegrad[ray]'"
 
@@ -122,9 +124,10 @@ class RayRuntime:
             import torch
             gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
             return [{"resources": {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}}], "the local Ray"
-        if getattr(self, "_probed", (None,))[0] != self.address:
-            self._probed = (self.address, probe(self.address, self.connect_timeout))
-        return self._probed[1]["nodes"], f"the Ray cluster at {self.address}"
+        seen = _PROBED.get(self.address)   # (the CLI checks its options twice, with two runtime objects)
+        if seen is None or time.monotonic() - seen[0] > 30:
+            _PROBED[self.address] = seen = (time.monotonic(), probe(self.address, self.connect_timeout))
+        return seen[1]["nodes"], f"the Ray cluster at {self.address}"
 
     def check_placement(self, workers: int) -> None:
         """The workers and shards can all be placed at once, or one line naming what is missing and the fix."""
