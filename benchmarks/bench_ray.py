@@ -109,16 +109,70 @@ def apply_cost(numel: int, repeats: int = 10) -> dict:
     return out
 
 
+def round_trip_ms(repeats: int = 300) -> float:
+    """A bare actor round trip: ``ray.get(actor.ping.remote())``, median milliseconds."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def ping(self, x=None):
+            return x
+    echo = Echo.remote()
+    ray.get(echo.ping.remote())
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        ray.get(echo.ping.remote(0))
+        times.append(time.perf_counter() - t)
+    ray.kill(echo)
+    return 1000 * common.median(times)
+
+
+def small(epochs: float) -> dict:
+    """digits, the mlp, dcasgd-a, M = 2, batch 128: local against Ray, and where a Ray update's time goes."""
+    train, test = sg.load_pair("digits")
+
+    def one(runtime):
+        res = sg.train("mlp", train, test, "dcasgd-a", 2, runtime, epochs=epochs, batch_size=128,
+                       eval_every=epochs / 5, seed=0)
+        rate = steady_rate(res.metrics)
+        return {"samples_per_s": rate, "ms_per_update": 1000 * 128 / rate, "wall_s": res.summary["wall_s"],
+                "final_test_acc": res.summary["final_test_acc"], "transport": res.summary.get("transport")}
+    local = one(sg.LocalRuntime(threads_per_worker=1))
+    on_ray = one(sg.RayRuntime(ps_shards=1, cpus_per_worker=1))
+    rtt = round_trip_ms()
+    return {"local": local, "ray": on_ray, "ratio": on_ray["samples_per_s"] / local["samples_per_s"],
+            "actor_round_trip_ms": rtt, "overhead_ms_per_update": on_ray["ms_per_update"] - local["ms_per_update"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--windows", default="10,40")
+    ap.add_argument("--small", type=float, default=None, metavar="EPOCHS",
+                    help="only the small model: digits mlp dcasgd-a M=2 for EPOCHS epochs, local vs Ray")
     ap.add_argument("--out", default=str(common.RESULTS))
     args = ap.parse_args()
     import ray
+    if args.small is not None:
+        load_before = common.load()
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        try:
+            r = small(args.small)
+        finally:
+            ray.shutdown()
+        payload = {"command": " ".join([".venv/bin/python", "benchmarks/bench_ray.py", *sys.argv[1:]]),
+                   "machine": common.machine(), "load_before": load_before, "load_after": common.load(), "small": r}
+        path = common.write_json("ray_small", payload, Path(args.out))
+        print(f"digits mlp dcasgd-a M=2, {args.small:g} epochs: local {r['local']['samples_per_s']:.0f} samples/s "
+              f"({r['local']['ms_per_update']:.1f} ms/update), ray {r['ray']['samples_per_s']:.0f} samples/s "
+              f"({r['ray']['ms_per_update']:.1f} ms/update); ray / local {r['ratio']:.2f}; Ray's push (prepare + "
+              f"commit) {r['ray']['transport']['push_ms_median']:.2f} ms median; a bare actor round trip "
+              f"{r['actor_round_trip_ms']:.2f} ms; load average {load_before} -> {payload['load_after']} -> {path}")
+        return
     (train, test), name = data()
     load_before = common.load()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     rows, results = [], []
     try:
         for window in [int(w) for w in args.windows.split(",")]:

@@ -103,9 +103,10 @@ def test_three_shards_hold_what_one_server_holds_for_the_recorded_schedule(tmp_p
     assert torch.equal(torch.cat([torch.from_numpy(s["w"].copy()) for s in rt.shard_states]), real.weights)
 
 
-def test_an_asynchronous_run_really_interleaves_and_its_trace_is_exact(tmp_path):
+@pytest.mark.parametrize("shards", [1, 2])   # one shard: prepare and commit in one call (prepare_commit)
+def test_an_asynchronous_run_really_interleaves_and_its_trace_is_exact(tmp_path, shards):
     path = tmp_path / "trace.csv"
-    real = train("dcasgd-a", RayRuntime(ps_shards=2, record_trace=path), workers=3, seed=1, epochs=2)
+    real = train("dcasgd-a", RayRuntime(ps_shards=shards, record_trace=path), workers=3, seed=1, epochs=2)
     replay = train("dcasgd-a", Simulator(delay=f"trace:{path}"), workers=3, seed=1, epochs=2)
     assert real.staleness["tau_max"] >= 1      # workers overlapped: the trace is not round robin only
     assert replay.update_log() == real.update_log()

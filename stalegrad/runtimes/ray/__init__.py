@@ -14,12 +14,23 @@ The same ``Worker`` and ``ParameterServer`` as every runtime, on Ray actors:
 Weights and messages travel as numpy arrays through Ray's object store: a
 pull is K slices that the worker receives without a copy by the driver, a
 push K slices that the shards receive the same way. Without ``address`` a
-new local Ray instance starts (bound to loopback; never one found through
-``RAY_ADDRESS`` or ``ray start``), and it is shut down at the end, also on
-Ctrl-C or an error; ``address="auto"`` or ``"HOST:PORT"`` joins a running
-cluster. A Ray already initialised in this process (``ray.init`` by the
-caller) is used as it is and left running; the run's actors are killed either
-way. Ray is an optional extra: ``pip install 'stalegrad[ray]'``.
+new local Ray instance starts (never one found through ``RAY_ADDRESS`` or
+``ray start``; Ray binds its ports on every interface, not only loopback: see
+docs/cluster.md, Security), and it is shut down at the end, also on Ctrl-C or
+an error; ``address="auto"`` or ``"HOST:PORT"`` joins a running cluster. A Ray
+already initialised in this process (``ray.init`` by the caller) is used as it
+is and left running; the run's actors are killed either way. Ray is an
+optional extra: ``pip install 'stalegrad[ray]'``.
+
+Before anything is written (``check``), a cluster is joined once in a child
+process within ``connect_timeout`` seconds (``connect.probe``: refused,
+unknown host, unreachable, a rejected token each end in one line), and its
+nodes must be able to place every worker and shard at once
+(``connect.placement_problem``); so must a Ray the caller initialised, and a
+local instance (GPUs, custom resources). Ray's own fault reports ("Raylet is
+terminated ...", "(raylet) A worker died ...") go to the session's log
+directory (``stalegrad-ray-errors.log``), not the terminal; the driver prints
+one line per fault.
 
 Placement: ``worker_resources`` and ``shard_resources`` (e.g. ``{"gpu_box": 1}``)
 are custom Ray resources that each worker actor, respectively each server
@@ -32,10 +43,15 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 from ...errors import ConfigError, check_finite_positive
 from ..base import Training
+from .connect import CONNECT_TIMEOUT, divert_ray_errors, placement_problem, probe, session_logs, split_address
+
+RESTART_TIMEOUT = 10.0
+_PROBED: dict = {}   # address -> (when, what connect.probe read): joined once per run, not per check
 
 INSTALL = "pip install 'stalegrad[ray]'"
 
@@ -58,7 +74,8 @@ class RayRuntime:
     gpus_per_worker: float = 0.0
     record_trace: str | os.PathLike | None = None
     max_restarts: int = 3              # how often Ray restarts a dead server shard
-    restart_timeout: float = 30.0      # seconds to wait for a restarted actor before giving up on it
+    restart_timeout: float = RESTART_TIMEOUT   # seconds to wait for a replacement actor before giving up on it
+    connect_timeout: float = CONNECT_TIMEOUT   # seconds to join a cluster (address) before giving up
     worker_resources: dict | None = None   # custom Ray resources each worker actor requests (placement)
     shard_resources: dict | None = None    # custom Ray resources each server shard requests (placement)
 
@@ -68,10 +85,13 @@ class RayRuntime:
         check_finite_positive("cpus_per_worker", self.cpus_per_worker)
         check_finite_positive("gpus_per_worker", self.gpus_per_worker, strict=False)
         check_finite_positive("restart_timeout", self.restart_timeout)
+        check_finite_positive("connect_timeout", self.connect_timeout)
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigError("max_restarts", f"must be a non-negative integer, got {self.max_restarts!r}")
-        if self.address is not None and not isinstance(self.address, str):
-            raise ConfigError("address", f"must be 'auto' or HOST:PORT, got {self.address!r}")
+        if self.address is not None:
+            if not isinstance(self.address, str):
+                raise ConfigError("address", f"must be 'auto' or HOST:PORT, got {self.address!r}")
+            split_address(self.address)
         for name in ("worker_resources", "shard_resources"):
             value = getattr(self, name)
             if value is None:
@@ -93,6 +113,50 @@ class RayRuntime:
         if self.record_trace is not None:
             from ...rundir import check_writable
             check_writable("record_trace", self.record_trace)
+        self.check_placement(config.workers)
+
+    def cluster_nodes(self) -> tuple[list[dict], str]:
+        """The nodes the run's actors may go to, and where they are (joined once per address)."""
+        ray = ray_module()
+        if ray.is_initialized():   # the caller's Ray
+            return [{"resources": n["Resources"]} for n in ray.nodes() if n["Alive"]], "the Ray of this process"
+        if self.address is None:   # the local instance run() starts: every core, the GPUs torch sees
+            import torch
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            return [{"resources": {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}}], "the local Ray"
+        seen = _PROBED.get(self.address)   # (the CLI checks its options twice, with two runtime objects)
+        if seen is None or time.monotonic() - seen[0] > 30:
+            _PROBED[self.address] = seen = (time.monotonic(), probe(self.address, self.connect_timeout))
+        return seen[1]["nodes"], f"the Ray cluster at {self.address}"
+
+    def check_placement(self, workers: int) -> None:
+        """The workers and shards can all be placed at once, or one line naming what is missing and the fix."""
+        nodes, where = self.cluster_nodes()
+        worker_request = {"CPU": self.cpus_per_worker, "GPU": self.gpus_per_worker, **(self.worker_resources or {})}
+        if self.address is None and not ray_module().is_initialized():
+            worker_request["CPU"] = 0   # run() starts the local Ray with CPUs for every worker
+        problem = placement_problem(nodes, workers, self.ps_shards, worker_request, dict(self.shard_resources or {}))
+        if problem is None:
+            return
+        join = f"ray start --address {self.address if self.address not in (None, 'auto') else 'HEAD:PORT'}"
+        if problem["what"] == "shards":
+            raise ConfigError("shard_resources", f"asks for {problem['asks']} per server shard, but {where} can place "
+                                                 f"{problem['placed']} of the {self.ps_shards} shards (its nodes offer "
+                                                 f"{problem['offer']}); give fewer ps_shards, or start a node with "
+                                                 f"`{join} --resources '{{\"NAME\": N}}'`")
+        fixes = [f"give at most {problem['placed']} with workers"] if problem["placed"] else []
+        short = problem["short"]
+        if "CPU" in short:
+            fixes.append("a smaller cpus_per_worker")
+        if "GPU" in short:
+            fixes.append("a smaller gpus_per_worker (0.5 puts two on one GPU)")
+        add = " --num-cpus N" * ("CPU" in short) + " --num-gpus G" * ("GPU" in short) + \
+            (" --resources '{\"NAME\": N}'" if set(short) - {"CPU", "GPU"} else "")
+        fixes.append(f"or add a node (`{join}{add}`; a head started with --num-cpus 0 runs no worker)")
+        fixes[0] = fixes[0].replace("or add", "add") if len(fixes) == 1 else fixes[0]
+        raise ConfigError("workers", f"is {workers}, but {where} can place {problem['placed'] or 'none'} at a time: "
+                                     f"each asks for {problem['asks']}, and its nodes offer {problem['offer']}; "
+                                     f"{', '.join(fixes)}", mentions=("workers",))
 
     def describe(self) -> dict:
         out = {"name": "ray", "address": self.address, "ps_shards": self.ps_shards,
@@ -101,6 +165,9 @@ class RayRuntime:
         for name in ("worker_resources", "shard_resources"):   # only when given: placement is rarely set
             if getattr(self, name):
                 out[name] = dict(getattr(self, name))
+        for name, default in (("restart_timeout", RESTART_TIMEOUT), ("connect_timeout", CONNECT_TIMEOUT)):
+            if getattr(self, name) != default:   # (likewise: a run's config.json names them only when set)
+                out[name] = float(getattr(self, name))
         return out
 
     def make_driver(self, training: Training, resume: dict | None):
@@ -114,7 +181,7 @@ class RayRuntime:
         if resume is not None and resume.get("kind") != "ray":
             raise ConfigError("runtime", "is ray, but the checkpoint was made by another runtime; "
                                          "resume it with that runtime")
-        started, driver = False, None
+        started, driver, restore = False, None, None
         with _interruptible():
             try:
                 if not ray.is_initialized():
@@ -125,11 +192,14 @@ class RayRuntime:
                     started = True
                     # "local": a new instance, never one that RAY_ADDRESS or `ray start` points at
                     ray.init(address="local" if self.address is None else self.address, **kwargs)
+                restore = divert_ray_errors(session_logs(ray))
                 driver = self.make_driver(training, resume)
                 driver.start()
                 driver.run()
             finally:
                 _cleanup(ray, driver, started)
+                if restore is not None:
+                    restore()
 
 
 class _interruptible:

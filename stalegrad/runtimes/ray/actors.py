@@ -85,6 +85,13 @@ class ShardActor:
     def commit(self, apply: bool) -> bool:
         return self._serving().commit(apply)
 
+    def prepare_commit(self, worker: int, msg: np.ndarray, lr: float, message_finite: bool) -> tuple:
+        """``prepare`` and, when an update is pending, ``commit`` of its own verdict, in one call: what
+        the two-phase push amounts to with a single shard (every slice is this one), one round trip
+        fewer. Returns ((pending, finite), applied)."""
+        pending, finite = self.prepare(worker, msg, lr, message_finite)
+        return (pending, finite), (self.commit(finite) if pending else False)
+
     def prepare_removal(self, worker: int, lr: float) -> tuple[bool, bool]:
         return self._serving().prepare_removal(worker, lr)
 

@@ -36,6 +36,8 @@ from ...errors import RunError
 from ...server import NonFiniteError
 from ...sharding import ShardedServer, merge_states, shard_bounds, split_state
 from .actors import ShardActor, ShardRestarted, WorkerActor, to_numpy, to_torch
+from .connect import shard_placement, wait_started
+from .recovery import Recovery
 
 
 class ShardLost(Exception):
@@ -47,7 +49,7 @@ def _restarted(e: BaseException) -> bool:
     return isinstance(e, ShardRestarted) or isinstance(getattr(e, "cause", None), ShardRestarted)
 
 
-class Driver:
+class Driver(Recovery):
     def __init__(self, runtime, training, resume: dict | None):
         import ray
         self.ray, self.rt, self.training = ray, runtime, training
@@ -66,6 +68,7 @@ class Driver:
         self.live: set[int] = set(range(self.M))
         self.lost, self.updates_lost, self.pushes = 0, 0, [0] * self.M
         self.push_s: list[float] = []
+        self.committed = None   # one shard: the verdict of the commit that prepare_commit already made
         self.trace = [] if runtime.record_trace is not None else None
         self.snapshot: list[dict] | None = None   # the shards' state at the last checkpoint (or the resumed one)
         self.pools = [self.factory.stream(m).pool for m in range(self.M)]
@@ -79,8 +82,7 @@ class Driver:
         per_element = self.algo.per_element_state
         parts = split_state(self.server.state_dict(), self.bounds, per_element)
         shard_cls = ray.remote(num_cpus=0, max_restarts=rt.max_restarts, max_task_retries=0)(ShardActor)
-        if rt.shard_resources:
-            shard_cls = shard_cls.options(resources=dict(rt.shard_resources))
+        shard_cls = shard_cls.options(**shard_placement(ray, rt.shard_resources))
         self.shards = [shard_cls.remote(self.algo, b - a, self.M, self.server.on_nonfinite) for a, b in self.bounds]
         parts = [to_numpy(p) for p in parts]
         self.ray.get([s.load.remote(p) for s, p in zip(self.shards, parts)])
@@ -90,6 +92,7 @@ class Driver:
         self.sharded.version = self.server.version
         self.sharded.pulled_version = list(self.server.pulled_version)
         self.sharded.live = set(self.server.live) & self.live
+        self.request = {"CPU": rt.cpus_per_worker, "GPU": rt.gpus_per_worker, **(rt.worker_resources or {})}
         self.worker_cls = ray.remote(num_cpus=rt.cpus_per_worker, num_gpus=rt.gpus_per_worker,
                                      max_restarts=0)(WorkerActor)
         if rt.worker_resources:
@@ -103,7 +106,8 @@ class Driver:
         states = self.resume["workers"] if self.resume else [None] * self.M
         for m in sorted(self.live):
             self.actors[m] = self._new_worker(m, to_numpy(states[m]))
-        ray.get([s.ping.remote() for s in self.shards] + [a.ping.remote() for a in self.actors.values()])
+        for m in wait_started(ray, self.shards, self.actors, lambda text: print(f"stalegrad: {text}", file=sys.stderr)):
+            self.replace_worker(m, launch=False)   # its node died as it started
 
     def _new_worker(self, m: int, state=None, pool=None):
         device = self.factory.device
@@ -122,10 +126,18 @@ class Driver:
 
     # ---- transport ------------------------------------------------------------------
     def _call(self, method: str, args) -> list:
-        refs = [getattr(s, method).remote(*a) for s, a in zip(self.shards, args)]
+        if self.K == 1 and method == "commit" and self.committed is not None:
+            applied, self.committed = self.committed, None   # (done by prepare_commit with the prepare)
+            return [applied]
+        self.committed = None
+        fused = self.K == 1 and method == "prepare"   # one shard: prepare and commit in one round trip
+        refs = [getattr(s, "prepare_commit" if fused else method).remote(*a) for s, a in zip(self.shards, args)]
         if method == "pull":
             return refs            # handed to the worker: the object store moves them, not the driver
         try:
+            if fused:
+                prepared, self.committed = self.ray.get(refs[0])
+                return [prepared]
             return self.ray.get(refs)
         except self.ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, NonFiniteError):
@@ -195,7 +207,8 @@ class Driver:
                 finished = self.actors[m].finish.options(num_returns=1 + self.K).remote(*pulled)
                 refs = [*finished, *pulled]
                 meta, slices = ray.get(finished[0]), finished[1:]
-        except ray.exceptions.RayActorError:
+            self.held = ray.get(list(slices))   # pinned here: a message on a node that dies is not lost mid-push
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
             self.settle(refs, timeout=1.0)
             if self.shards_lost():    # a failed pull, not the worker
                 raise ShardLost from None
@@ -216,6 +229,7 @@ class Driver:
         pulled, version = sharded.pulled_version[m], sharded.version
         t = time.perf_counter()
         sharded.push(m, slices, training.lr, finite)
+        self.held = None   # (no reference left to a message on a worker's node: its loss is nothing to recover)
         self.push_s.append(time.perf_counter() - t)
         self.server.version = sharded.version   # the training run's clock: checkpoint_due() reads it
         self.pushes[m] += 1
@@ -271,9 +285,6 @@ class Driver:
             freed.append(m)          # (a worker that died: its replacement, if any)
         return freed
 
-    def running(self, m: int) -> bool:
-        return any(entry[0] == m for entry in self.futures.values())
-
     def checkpoint(self, also_running: int | None = None) -> None:
         """A consistent cut: no message in flight, every worker between two messages."""
         freed = self.drain() + ([also_running] if also_running is not None else [])
@@ -285,7 +296,7 @@ class Driver:
             self.parked = [p for p in sorted(self.live) if p in self.sharded.round]
             freed = [p for p in self.live if p not in self.sharded.round]
         for m in sorted(set(freed)):
-            if m in self.live and not self.running(m):
+            if m in self.live and not any(entry[0] == m for entry in self.futures.values()):
                 self.launch(m)
 
     def save(self) -> None:
@@ -295,76 +306,6 @@ class Driver:
         states = dict(zip(names, self.ray.get([self.actors[m].state.remote() for m in names])))
         workers = [to_torch(states[m]) if m in states else None for m in range(self.M)]
         self.training.save_checkpoint({"kind": "ray", "now": time.perf_counter() - self.t0, "workers": workers})
-
-    def restore_shards(self, launch: bool = True) -> None:
-        """A shard died: Ray restarts it; every shard goes back to the last checkpoint."""
-        if self.snapshot is None:
-            raise RunError("a parameter-server shard died and the run has no checkpoint to restore it from; "
-                           "run with --checkpoint-every N so that the server can recover")
-        deadline = time.monotonic() + self.rt.restart_timeout
-        while True:
-            try:
-                self.ray.get([s.ping.remote() for s in self.shards], timeout=self.rt.restart_timeout)
-                break
-            except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
-                if time.monotonic() > deadline:
-                    raise RunError("a parameter-server shard died and was not restarted in "
-                                   f"{self.rt.restart_timeout:g} s; the run stopped") from None
-                time.sleep(0.5)
-        before = self.sharded.version
-        self.ray.get([s.load.remote(p) for s, p in zip(self.shards, self.snapshot)])
-        first = self.snapshot[0]
-        self.sharded.version = int(first["version"])
-        self.sharded.pulled_version = [int(v) for v in first["pulled_version"]]
-        self.sharded.round = {}
-        self.sharded.live = {int(m) for m in first["live"]}
-        for m in sorted(self.sharded.live - self.live):   # lost since the checkpoint: lost again
-            self.sharded.remove_worker(m, self.training.lr)
-        self.server.version = self.sharded.version
-        self.updates_lost += before - self.sharded.version
-        self.note(f"a parameter-server shard died at update {before}; the server went back to the checkpoint "
-                  f"at update {self.sharded.version} ({before - self.sharded.version} updates lost)")
-        # messages computed on weights the server no longer has (fetched, so that Ray does not
-        # report their errors as unhandled)
-        self.settle([r for ref, (_, slices, _, pulled) in self.futures.items() for r in (ref, *slices, *pulled)],
-                    timeout=self.rt.restart_timeout)
-        self.futures.clear()
-        self.parked = []
-        if launch and not self.training.done:
-            for m in sorted(self.live):
-                self.launch(m)
-
-    def replace_worker(self, m: int, launch: bool = True) -> None:
-        """Worker m died (or its node): a new actor if the cluster has room, else its samples to the others."""
-        self.ray.kill(self.actors[m], no_restart=True)
-        actor = self._new_worker(m, pool=self.pools[m].numpy())
-        try:
-            self.ray.get(actor.ping.remote(), timeout=self.rt.restart_timeout)
-            self.actors[m] = actor
-            self.note(f"worker {m} died at update {self.sharded.version}; a new one took its place")
-            if launch and not self.training.done:   # (a synchronous round waits for its message too)
-                self.launch(m)
-            return
-        except (self.ray.exceptions.GetTimeoutError, self.ray.exceptions.RayActorError):
-            self.ray.kill(actor, no_restart=True)
-        self.live.discard(m)
-        del self.actors[m]
-        self.lost += 1
-        self.sharded.remove_worker(m, self.training.lr)   # (may close a synchronous round)
-        self.server.version = self.sharded.version
-        survivors = sorted(self.live)
-        text = f"worker {m} lost at update {self.sharded.version} and not replaced (no room in the cluster)"
-        if survivors and self.factory.partition == "shard":
-            for s, part in zip(survivors, self.pools[m].tensor_split(len(survivors))):
-                self.pools[s] = torch.cat([self.pools[s], part])
-                self.actors[s].adopt.remote(part.numpy())
-            text += f"; its {len(self.pools[m])} samples now go to workers {', '.join(map(str, survivors))}"
-            self.pools[m] = self.pools[m][:0]
-        self.note(text)
-        if self.algo.synchronous and not self.sharded.round_open and self.parked:
-            parked, self.parked = self.parked, []
-            for p in parked:
-                self.launch(p)
 
     def note(self, text: str) -> None:
         self.training.note(text)
