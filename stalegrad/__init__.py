@@ -44,7 +44,7 @@ if _has_avx2():
 else:
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _WHERE = {
     "train": "training", "TrainResult": "training", "TrainingRun": "training",
