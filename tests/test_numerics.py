@@ -12,15 +12,17 @@ import pytest
 SCRIPT = r"""
 import json, os, sys
 mode = sys.argv[1]
-if mode in ("torch-first", "strict-off"):   # torch starts MKL before stalegrad can make it strict
+if mode in ("torch-first", "strict-off", "strict-off-probed"):   # torch starts MKL before stalegrad can
     import torch
     (torch.randn(256, 256) @ torch.randn(256, 256)).sum().item()
 import stalegrad as sg
 import torch
 from stalegrad import numerics
 from stalegrad.data.dataset import Dataset
-if mode == "strict-off":              # and no fallback to one thread: as before numerics.py
+if mode.startswith("strict-off"):     # and no fallback to one thread: as before numerics.py
     numerics.make_strict = lambda: True
+if mode == "strict-off":              # nor the check of each thread count's bits before the run
+    numerics.agreeing_counts = lambda step, counts: sorted(counts)
 g = torch.Generator().manual_seed(0)
 def data(n, shape):
     x = torch.randn(n, *shape, generator=g)
@@ -73,6 +75,14 @@ def test_without_strict_mode_the_thread_count_changes_the_bits(one_thread):
     loose_one, loose_two = run(1, "strict-off", "mlp-asgd"), run(2, "strict-off", "mlp-asgd")
     assert loose_two["numerics"]["mkl_cbwr"] == "BRANCH_OFF"   # MKL's own default
     assert loose_one["mlp-asgd"][0] != loose_two["mlp-asgd"][0]
+
+
+def test_the_check_before_the_run_catches_mkl_left_loose(one_thread):
+    """The second line of defence: with MKL not strict, the step run at each thread count before the
+    first message differs at 2 threads, so the run keeps one thread and the bits of one thread."""
+    loose_one, loose_two = run(1, "strict-off-probed", "mlp-asgd"), run(2, "strict-off-probed", "mlp-asgd")
+    assert loose_two["numerics"]["mkl_cbwr"] == "BRANCH_OFF"
+    assert loose_one["mlp-asgd"][0] == loose_two["mlp-asgd"][0]
 
 
 def test_torch_started_first_falls_back_to_one_thread_with_the_same_bits(one_thread):
