@@ -294,7 +294,7 @@ class GridRun:
     def _result(self, rec: dict) -> None:     # the run's accuracy, and whether it diverged
         try:
             s = json.loads((self.out / rec["dir"] / "summary.json").read_text())
-            rec.update({k: s.get(k) for k in ("final_test_acc", "best_test_acc", "diverged")})
+            rec.update({k: s.get(k) for k in ("final_test_acc", "best_test_acc", "final_val_acc", "diverged")})
         except (OSError, ValueError, AttributeError):
             pass
 
@@ -343,21 +343,21 @@ class GridRun:
             if rec["status"] == "running":
                 rec.update(status="interrupted", reason="interrupted; rerun the grid to run it again")
 
-    def run(self) -> dict:
-        """Run every cell that is not done; return the records. Ctrl-C (or SIGTERM) stops the running
-        children, records them as interrupted and raises KeyboardInterrupt."""
+    def run(self, cells: list | None = None) -> dict:
+        """Run every cell of ``cells`` (default: the grid's) that is not done; return the records. Ctrl-C
+        (or SIGTERM) stops the running children, records them as interrupted and raises KeyboardInterrupt."""
+        cells = self.grid.cells if cells is None else cells
         for sub in ("runs", "cells", "logs"):
             (self.out / sub).mkdir(parents=True, exist_ok=True)
         try:
             prev = {r["name"]: r for r in json.loads((self.out / "grid.json").read_text())["cells"]}
         except (OSError, ValueError, KeyError, TypeError):
             prev = {}
-        for name, rec in self.records.items():     # skipped cells keep what the last grid.json said
-            if self.actions[name] == "skip":
-                p = prev.get(name, {})
-                rec.update(status="skipped", exit_code=p.get("exit_code"), run_s=p.get("run_s"))
-                self._result(rec)
-        queue = [c for c in self.grid.cells if self.actions[c.name] != "skip"]
+        for rec in (self.records[c.name] for c in cells if self.actions[c.name] == "skip"):
+            p = prev.get(rec["name"], {})     # skipped cells keep what the last grid.json said
+            rec.update(status="skipped", exit_code=p.get("exit_code"), run_s=p.get("run_s"))
+            self._result(rec)
+        queue = [c for c in cells if self.actions[c.name] != "skip"]
         running: dict[subprocess.Popen, tuple[Cell, float]] = {}
         self.write()
         old = _on_sigterm()

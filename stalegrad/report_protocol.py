@@ -28,7 +28,7 @@ from .selection import edge_text, select
 from .stats import (DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, LEVEL, bootstrap, ratio_of_gaps, t_interval,
                     verdict)
 
-SPEC_KEYS = ("select_seeds", "report_seeds", "tune", "arms", "compare", "closure")
+SPEC_KEYS = ("select_seeds", "report_seeds", "tune", "arms", "compare", "closure", "stages")
 
 
 def check_spec(spec: dict, where: str) -> dict:
@@ -56,6 +56,9 @@ def check_spec(spec: dict, where: str) -> dict:
     for claim in spec.get("compare") or ():
         if claim.count(">") != 1 or not all(p.strip() for p in claim.split(">")):
             raise UsageError(f"{where}: compare {claim!r}: write a claim as \"A>B\" (A more accurate than B)")
+    if spec.get("stages", 2) not in (1, 2) or isinstance(spec.get("stages"), bool):
+        raise UsageError(f"{where}: stages must be 2 (the selection seeds first, then the reporting seeds of the "
+                         f"selected settings only; the default) or 1 (the whole product), got {spec['stages']!r}")
     arms = spec.get("arms")
     if arms is not None and (not isinstance(arms, dict) or not all(isinstance(v, dict) and v for v in arms.values())):
         raise UsageError(f"{where}: arms must be a table of name = {{setting = value, ...}}, got {arms!r}")
@@ -66,7 +69,9 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _label(g: dict, arms: dict) -> str:
+def arm_label(g: dict, arms: dict) -> str:
+    """The name a group of runs is selected and compared under: the first arm whose settings it has, else
+    its algorithm (``g``: ``{"key": settings, "algo": name}``)."""
     for name, match in arms.items():
         if all(g["key"].get(k) == v or (k == "algo" and g["algo"] == v) for k, v in match.items()):
             return name
@@ -113,7 +118,7 @@ def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, curve
         warnings.append(f"no run of reporting seed(s) {', '.join(map(str, missing_rep))}")
     cands = []
     for g in groups:
-        label = _label(g, arms)
+        label = arm_label(g, arms)
         setting = {k: v for k, v in g["key"].items() if k != "algo"}
         cands.append({"algo": label, "setting": setting, "values": _seed_values(g, stat, sel), "group": g})
     picks = select(cands, tune, sel)

@@ -25,6 +25,7 @@ from ..errors import RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
 from ..progress import count
 from ..results import is_finished
+from ..stages import choose, split, two_stage
 
 
 def _echo_err(line: str) -> None:
@@ -86,13 +87,20 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     fd = lock(out_dir)
     try:
         actions = plan(g, out_dir, rerun_changed)     # again, under the lock
-        todo = sum(a != "skip" for a in actions.values())
-        _echo_err(f"grid: {count(len(g.cells), 'cell')}, {len(g.cells) - todo} already done, {todo} to run, {jobs} at once "
-                  f"with {threads} thread{'s' * (threads > 1)} each -> {out_dir}")
+        spec = g.report.get("protocol")
+        first, second = split(g.cells, spec) if two_stage(spec) else (g.cells, [])
+        todo = sum(actions[c.name] != "skip" for c in first)
+        stage = f"stage 1 of 2 (the selection seeds): " if second else ""
+        _echo_err(f"grid: {stage}{count(len(first), 'cell')}, {len(first) - todo} already done, {todo} to run, {jobs} at "
+                  f"once with {threads} thread{'s' * (threads > 1)} each -> {out_dir}")
         runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress,
                          tensorboard=Path(tensorboard).absolute() if tensorboard is not None else None)
+        for c in second:
+            runner.records[c.name]["status"] = "stage 2"
         try:
-            records = runner.run()
+            records = runner.run(first)
+            if second:
+                records = runner.run(_stage_two(runner, first, second, spec))
         except KeyboardInterrupt:
             st = Counter(r["status"] for r in runner.records.values())
             _echo_err(f"grid: interrupted: {st['done'] + st['skipped']} of {count(len(g.cells), 'cell')} done, "
@@ -104,15 +112,37 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     if not no_report:
         _report(g, out_dir, [out_dir / r["dir"] for r in records.values() if r["status"] in ("done", "skipped")])
     failed = f"{st['failed']} failed (reasons in {out_dir / 'grid.json'})" if st["failed"] else "none failed"
+    unselected = f", {st['not selected']} not selected (stage 2)" if st["not selected"] else ""
     click.echo(f"grid: {count(len(g.cells), 'cell')}: {st['done'] + st['failed']} run, {st['skipped']} skipped "
-               f"(already done), {failed} -> {out_dir}")
+               f"(already done){unselected}, {failed} -> {out_dir}")
+
+
+def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> list[Cell]:
+    """The reporting-seed cells of the settings stage 1 selected (``stages.choose``); the others are
+    recorded as not selected, with the setting that was."""
+    val = {c.name: runner.records[c.name].get("final_val_acc") for c in first
+           if runner.records[c.name]["status"] in ("done", "skipped")}
+    chosen, picks = choose(first, second, spec, {k: v for k, v in val.items() if v is not None})
+    names = {c.name for c in chosen}
+    for c in second:
+        if c.name not in names:
+            runner.records[c.name].update(status="not selected", reason="a reporting seed of a setting that stage 1 "
+                                          "did not select (its validation accuracy was not the best of its cell)")
+    none = [p for p in picks if p["chosen"] is None]
+    todo = sum(runner.actions[c.name] != "skip" for c in chosen)
+    _echo_err(f"grid: stage 2 of 2 (the reporting seeds of the {len(picks) - len(none)} selected settings): "
+              f"{count(len(chosen), 'cell')}, {len(chosen) - todo} already done, {todo} to run"
+              + (f"; {len(none)} cell(s) selected nothing (no finished run of every selection seed)" if none else ""))
+    runner.write()
+    return chosen
 
 
 def _progress(run, rec: dict) -> None:
-    """After each finished cell: ``grid: 7/24 done, 1 failed, 16 left, about 12 min left``."""
+    """After each finished cell: ``grid: 7/24 done, 1 failed, 16 left, about 12 min left`` (the cells of
+    the current stage and those before it; stage 2's cells count once selected)."""
     if rec["status"] == "failed":
         _echo_err(f"grid: {rec['name']} failed (exit code {rec['exit_code']}): {rec['reason']}")
-    st = [r["status"] for r in run.records.values()]
+    st = [r["status"] for r in run.records.values() if r["status"] not in ("stage 2", "not selected")]
     done, failed = st.count("done") + st.count("skipped"), st.count("failed")
     left = len(st) - done - failed
     line = f"grid: {done}/{len(st)} done, {failed} failed, {left} left"
@@ -131,11 +161,20 @@ def _list(g: Grid, actions: dict | None) -> None:
     per_algo = Counter(c.algo for c in g.cells)
     click.echo(f"{g.path}: {count(len(g.cells), 'cell')} ({', '.join(f'{a} {n}' for a, n in per_algo.items())}), "
                "every one valid")
+    spec = g.report.get("protocol")
+    first, second = split(g.cells, spec) if two_stage(spec) else (g.cells, [])
     width = max(len(c.name) for c in g.cells)
     shown = {"skip": "done: skipped", "rerun": "to run again", "run": "to run"}
-    for c in g.cells:
+    if second:
+        click.echo(f"stage 1 of 2, the selection seeds ({count(len(first), 'cell')}):")
+    for c in first:
         click.echo(f"  {c.name:<{width}}  {shown[actions[c.name]]}" if actions else f"  {c.name}")
-    todo = sum(a != "skip" for a in actions.values()) if actions else len(g.cells)
+    todo = sum(actions[c.name] != "skip" for c in first) if actions else len(first)
+    if second:   # as many settings as stage 1 will select: choose() with every score equal
+        most = len(choose(first, second, spec, {c.name: 0.0 for c in first})[0])
+        click.echo(f"stage 2 of 2, the reporting seeds {', '.join(map(str, spec['report_seeds']))}: {most} of the "
+                   f"{len(second)} cells, those of the settings stage 1 selects (one per algorithm and cell)")
+        todo = f"{todo} + {most}"
     click.echo(f"dry run: nothing was run ({todo} cell{'s' * (todo != 1)} to run)")
     if any(str(c.params["device"]).startswith("cuda") for c in g.cells):
         import torch

@@ -1,0 +1,116 @@
+"""A grid with a [protocol] table runs in two stages (stalegrad/stages.py): every setting on the selection
+seeds, then the reporting seeds of the selected settings only, chosen as the report's protocol chooses."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stalegrad.errors import UsageError
+from stalegrad.grid import expand, parse
+from stalegrad.stages import choose, split, two_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = """
+[fixed]
+dataset = "digits"
+model = "logreg"
+epochs = {epochs}
+batch_size = 32
+val_split = 300
+[axes]
+seeds = [0, 1, 2]
+algos = ["sgd", "asgd", "dcasgd-c"]
+workers = [2, 4]
+lr = [0.01, 0.1]
+lam = [0.0, 1.0, 4.0]
+[protocol]
+select_seeds = [0]
+report_seeds = [1, 2]
+tune = ["lr", "lam"]
+arms = {{ "placebo" = {{ algo = "dcasgd-c", lam = 0.0 }} }}
+{extra}
+"""
+
+
+def cells_of(tmp_path, epochs=1, extra=""):
+    f = tmp_path / "g.toml"
+    f.write_text(GRID.format(epochs=epochs, extra=extra))
+    fixed, axes, report = parse(f)
+    return expand(f, fixed, axes), report["protocol"], f
+
+
+def test_the_stages_split_by_seed_and_stage_two_holds_the_settings_of_the_best_validation_accuracy(tmp_path):
+    cells, spec, _ = cells_of(tmp_path)
+    assert two_stage(spec) and not two_stage(dict(spec, stages=1)) and not two_stage({"select_seeds": [0]})
+    first, second = split(cells, spec)
+    assert {c.options["seed"] for c in first} == {0} and {c.options["seed"] for c in second} == {1, 2}
+    assert len(first) + len(second) == len(cells)
+    # a known optimum: the score is a function of the settings, largest at lr 0.01 and lam 4 for dcasgd-c,
+    # at lr 0.1 for asgd and sgd, and at lr 0.01 for the placebo arm (dcasgd-c with lam 0)
+    def acc(c):
+        o = c.options
+        if o["algo"] == "dcasgd-c":
+            return (0.9 if o["lr"] == 0.01 else 0.5) + (0.01 * o["lam"] if o["lam"] else 0.0)
+        return 0.8 if o["lr"] == 0.1 else 0.6
+    chosen, picks = choose(first, second, spec, {c.name: acc(c) for c in first})
+    got = {(c.algo, c.options.get("workers"), c.options["lr"], c.options.get("lam")) for c in chosen}
+    want = {("sgd", 1, 0.1, None)} | {(a, m, lr, lam) for m in (2, 4) for a, lr, lam in
+                                      (("asgd", 0.1, None), ("dcasgd-c", 0.01, 4.0), ("dcasgd-c", 0.01, 0.0))}
+    assert got == want and len(chosen) == 2 * len(want)    # both reporting seeds of each selected setting
+    assert {p["algo"] for p in picks} == {"sgd", "asgd", "dcasgd-c", "placebo"}
+
+
+def test_a_cell_without_a_finished_selection_run_selects_nothing_and_runs_no_reporting_seed(tmp_path):
+    cells, spec, _ = cells_of(tmp_path)
+    first, second = split(cells, spec)
+    val = {c.name: 0.5 for c in first if not (c.algo == "asgd" and c.options["workers"] == 4 and c.options["lr"] == 0.1)}
+    chosen, picks = choose(first, second, spec, val)   # asgd M=4 lr 0.1 failed: lr 0.01 is chosen there
+    assert {c.options["lr"] for c in chosen if c.algo == "asgd" and c.options["workers"] == 4} == {0.01}
+    val = {c.name: 0.5 for c in first if not (c.algo == "asgd" and c.options["workers"] == 4)}
+    chosen, picks = choose(first, second, spec, val)
+    assert not [c for c in chosen if c.algo == "asgd" and c.options["workers"] == 4]
+    assert [p["chosen"] for p in picks if p["algo"] == "asgd" and p["cell"]["workers"] == 4] == [None]
+
+
+def test_stages_must_be_one_or_two(tmp_path):
+    with pytest.raises(UsageError, match="stages must be 2 .* or 1 .*got 3"):
+        cells_of(tmp_path, extra="stages = 3")
+
+
+def stalegrad(*args):
+    return subprocess.run([sys.executable, "-m", "stalegrad", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+
+
+def test_the_grid_runs_the_selection_seeds_then_only_what_the_report_selected(tmp_path):
+    f = tmp_path / "g.toml"
+    f.write_text(GRID.format(epochs=0.3, extra="").replace('"asgd", "dcasgd-c"', '"asgd"').replace(
+        "workers = [2, 4]", "workers = [2]").replace('arms = { "placebo" = { algo = "dcasgd-c", lam = 0.0 } }', "")
+        .replace('tune = ["lr", "lam"]', 'tune = ["lr"]').replace("lam = [0.0, 1.0, 4.0]\n", ""))
+    dry = stalegrad("grid", str(f), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "stage 2 of 2, the reporting seeds 1, 2: 4 of the 8 cells" in dry.stdout and "(4 + 4 cells to run)" in dry.stdout
+    out = tmp_path / "out"
+    proc = stalegrad("grid", str(f), "--out", str(out), "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "grid: 12 cells: 8 run, 0 skipped (already done), 4 not selected (stage 2), none failed" in proc.stdout
+    assert "stage 2 of 2 (the reporting seeds of the 2 selected settings): 4 cells, 0 already done, 4 to run" in proc.stderr
+    records = {r["name"]: r for r in json.loads((out / "grid.json").read_text())["cells"]}
+    ran = {n for n, r in records.items() if r["status"] == "done"}
+    assert {n for n, r in records.items() if r["status"] == "not selected"} == {
+        n for n in records if n.endswith(("-s1", "-s2"))} - ran
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(ran)
+    # stage 2 ran the setting of the best selection-seed validation accuracy, the one the report selected
+    protocol = json.loads((out / "report" / "report.json").read_text())["protocol"]
+    for algo, prefix in (("sgd", "sgd-"), ("asgd", "asgd-M2-")):
+        val = {r["options"]["lr"]: r["final_val_acc"] for n, r in records.items()
+               if n.startswith(prefix) and n.endswith("-s0")}
+        best = max(sorted(val), key=lambda lr: val[lr])     # ties to the first, as selection.select breaks them
+        assert {r["options"]["lr"] for n, r in records.items() if n.startswith(prefix) and n in ran
+                and not n.endswith("-s0")} == {best}
+        sel = next(s for s in protocol["selections"] if s["algo"] == algo)
+        assert sel["tuned"] == {"lr": best} and sel["report_seeds"] == [1, 2]
+    again = stalegrad("grid", str(f), "--out", str(out))
+    assert again.returncode == 0 and "0 run, 8 skipped (already done), 4 not selected" in again.stdout, again.stderr
