@@ -97,6 +97,8 @@ def test_the_grid_runs_the_selection_seeds_then_only_what_the_report_selected(tm
     assert proc.returncode == 0, proc.stderr
     assert "grid: 12 cells: 8 run, 0 skipped (already done), 4 not selected (stage 2), none failed" in proc.stdout
     assert "stage 2 of 2 (the reporting seeds of the 2 selected settings): 4 cells, 0 already done, 4 to run" in proc.stderr
+    # progress counts stage 1's cells, then stage 2's selected ones as they are chosen
+    assert "grid: 4/4 done, 0 failed, 0 left" in proc.stderr and "grid: 5/8 done, 0 failed, 3 left" in proc.stderr
     records = {r["name"]: r for r in json.loads((out / "grid.json").read_text())["cells"]}
     ran = {n for n, r in records.items() if r["status"] == "done"}
     assert {n for n, r in records.items() if r["status"] == "not selected"} == {

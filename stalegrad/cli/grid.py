@@ -125,7 +125,9 @@ def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> lis
     chosen, picks = choose(first, second, spec, {k: v for k, v in val.items() if v is not None})
     names = {c.name for c in chosen}
     for c in second:
-        if c.name not in names:
+        if c.name in names:
+            runner.records[c.name]["status"] = "pending"
+        else:
             runner.records[c.name].update(status="not selected", reason="a reporting seed of a setting that stage 1 "
                                           "did not select (its validation accuracy was not the best of its cell)")
     none = [p for p in picks if p["chosen"] is None]
