@@ -19,11 +19,13 @@ bits, so while it runs (``pinned``):
   pin a machine with AVX512 gave other bits than one without.
 
 Tested equal at 1 and 2 threads for every model of the zoo, the gradient, commit and vectorised paths
-(tests/test_numerics.py). Across CPU kinds: three runs made on another EPYC VM with the AVX2 pin gave the
-hashes an AVX2-only EPYC gives by default; without the pin they differed there (docs/performance.md,
-"Reproducible bits"). What still fixes the bits is recorded in config.json
-(``numerics``): torch's version, the instruction set torch's kernels use (``cpu_capability``), MKL's
-mode as MKL reports it and as it was asked (``mkl_cbwr``, ``mkl_cbwr_env``), and the server's kernel path.
+(tests/test_numerics.py). Across CPUs: two AMD EPYC VMs gave the same bits with the AVX2 pin; an Intel
+Xeon (AVX512) gave other bits than both under every MKL branch tried (AVX2, AUTO, AVX512, COMPATIBLE):
+MKL guarantees its branches on Intel CPUs only and runs its own code on AMD, so the bits are those of
+the CPU vendor (docs/performance.md, "Reproducible bits"). What still fixes the bits is recorded in
+config.json (``numerics``): torch's version, the CPU's vendor and model, the instruction set torch's
+kernels use (``cpu_capability``), MKL's mode as MKL reports it and as it was asked (``mkl_cbwr``,
+``mkl_cbwr_env``), and the server's kernel path.
 
 The thread count is then free to follow the machine: ``ThreadGovernor`` measures the simulator's speed
 at one thread, half and all of the cores, and keeps the fastest. On a quiet 2-core machine two threads
@@ -186,10 +188,30 @@ def pinned(threads: int | None = None):
             torch.set_num_threads(before)
 
 
+def cpu() -> dict:
+    """The CPU's vendor and model (Linux: /proc/cpuinfo): MKL's matrix products follow code paths of
+    their own per vendor, so an Intel and an AMD CPU give different bits (docs/performance.md)."""
+    found = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = {"vendor_id": "cpu_vendor", "model name": "cpu_model"}.get(key.strip())
+            if key and key not in found:
+                found[key] = value.strip()
+            if len(found) == 2:
+                break
+    except OSError:
+        pass
+    if not found:
+        import platform
+        found = {"cpu_vendor": None, "cpu_model": platform.processor() or platform.machine()}
+    return found
+
+
 def describe(governor: ThreadGovernor | None = None) -> dict:
     """What, besides the seed and the options, fixes the bits of a simulated run (config.json)."""
     mode = mkl_mode()
-    out = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    out = {"torch": torch.__version__, **cpu(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            # MKL's mode as it reports it (an AMD CPU reports a requested AVX2 branch as AUTO) and as asked
            "mkl_cbwr": describe_mode(mode), "mkl_cbwr_env": os.environ.get(ENV), "mkldnn": False,
            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -175,6 +176,10 @@ def test_config_records_the_pinned_numerics():
         assert numerics["mkl_cbwr_env"] == "AVX2,STRICT" and numerics["aten_cpu_capability_env"] == "avx2"
         assert numerics["mkl_cbwr"].endswith(",STRICT")
         assert numerics["cpu_capability"] == "AVX2"   # torch's kernels follow the pin, even on an AVX512 CPU
+    # MKL runs vendor-specific code: the CPU's vendor and model are part of what fixes the bits
+    if sys.platform.startswith("linux"):
+        info = Path("/proc/cpuinfo").read_text()
+        assert numerics["cpu_vendor"] in info and numerics["cpu_model"] in info and numerics["cpu_model"]
 
 
 SMALL_BATCH = r"""
