@@ -142,7 +142,8 @@ def dcasgd(report: dict, probes: dict | None) -> list[str]:
     out += [f"Against SSGD: {summary(rows)} (against ASGD: RQ1).", ""]
     out += ["## RQ3: how close does DC-ASGD come to sequential SGD?", ""]
     rows = []
-    for (algo, where), acc in sorted(seeds.items()):
+    by_cell = lambda kv: (kv[0][0], int(cell(kv[0][1]).get("workers", 0)))   # noqa: E731
+    for (algo, where), acc in sorted(seeds.items(), key=by_cell):
         sgd = next((v for (a, _), v in seeds.items() if a == "sgd"), None)
         if algo in ("dcasgd-c", "dcasgd-a", "asgd") and sgd:
             d = difference(acc, sgd)
