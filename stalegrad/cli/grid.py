@@ -7,7 +7,8 @@ DIR already holds (``plan``) and loads each data set once to check every cell's 
 Progress goes to stderr, one line per finished cell; the final line (stdout) says how many cells ran,
 were skipped and failed. A failed run does not stop the grid, which exits 0 when the grid itself
 worked; a bad file is one line and exit code 2, with nothing created; Ctrl-C stops the running
-children and exits 130, and the same command continues the grid later.
+children and exits 130, and the same command continues the grid later. With ``--address`` the cells
+run as Ray tasks on a cluster (``grid_ray.py``), joined and checked before DIR is created.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _echo_err(line: str) -> None:
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="runs at once, each with cores // jobs torch threads  [default: one per core (at most one per "
                    "2 GiB of memory) for the simulator on the CPU; 1 with a cuda device or the local or ray "
-                   "runtime]")
+                   "runtime; with --address: as many as the cluster's nodes hold]")
 @click.option("--dry-run", is_flag=True, help="validate the file and list its cells (with their state in --out); "
                                               "run nothing, read no data")
 @click.option("--rerun-changed", is_flag=True,
@@ -54,7 +55,9 @@ def _echo_err(line: str) -> None:
                    "(docs/cluster.md, Grids on a cluster)")
 @click.option("--cpus-per-cell", type=click.IntRange(min=1), default=None,
               help="with --address: the CPUs each cell's task asks Ray for, and its torch threads  [default: 1]")
-def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, address, cpus_per_cell):
+@click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="with --address: seconds to join the cluster before giving up  [default: 30]")
+def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, address, cpus_per_cell, connect_timeout):
     """Run every cell of the grid in FILE.toml into --out DIR; run the same command again to resume.
 
     FILE has a [fixed] table (options of 'stalegrad train', keys as in --config), an [axes] table
@@ -83,7 +86,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, addres
         raise UsageError(f"--out {out_dir}: exists and is not a directory; choose another path")
     if out_dir is not None:
         check_layout(out_dir, report=not no_report)
-    check_cluster_options(g, address, cpus_per_cell, tensorboard)
+    check_cluster_options(g, address, cpus_per_cell, tensorboard, connect_timeout)
     actions = plan(g, out_dir, rerun_changed) if out_dir is not None else None
     if dry_run:
         return _list(g, actions)
@@ -94,7 +97,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, addres
     cluster = None
     if address is not None:   # joined (or refused in one line) before anything is written
         from ..grid_ray import connect
-        cluster = connect(address, cpus_per_cell or 1)
+        cluster = connect(address, cpus_per_cell or 1, connect_timeout)
         threads = cluster.cpus_per_cell
     else:
         cores = machine_cores()
@@ -151,12 +154,14 @@ def _run(g: Grid, out_dir: Path, rerun_changed: bool, cluster, jobs: int | None,
     return records
 
 
-def check_cluster_options(g: Grid, address: str | None, cpus_per_cell: int | None, tensorboard) -> None:
+def check_cluster_options(g: Grid, address: str | None, cpus_per_cell: int | None, tensorboard,
+                          connect_timeout: float | None = None) -> None:
     """The options of a grid on a Ray cluster (``--address``), before anything is joined or written."""
     if address is None:
-        if cpus_per_cell is not None:
-            raise UsageError("--cpus-per-cell needs --address (the CPUs of a cell's Ray task); without it, --jobs "
-                             "sets the runs at once and their threads")
+        for flag, value in (("--cpus-per-cell", cpus_per_cell), ("--connect-timeout", connect_timeout)):
+            if value is not None:
+                raise UsageError(f"{flag} needs --address (a grid on a Ray cluster); without it the cells run here, "
+                                 "--jobs at once")
         return
     from ..runtimes.ray.connect import split_address
     try:
