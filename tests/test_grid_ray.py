@@ -46,7 +46,8 @@ def cluster():
     base = Path(tempfile.mkdtemp(prefix="sggrid"))   # short: Ray's socket paths live under --temp-dir
     (base / "home").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(HOME=str(base / "home"), RAY_AUTH_MODE="token")
+    # (RAY_raylet_start_wait_time_s: a niced head on the loaded 2-core machine failed Ray's 60 s wait for its raylet)
+    env.update(HOME=str(base / "home"), RAY_AUTH_MODE="token", RAY_raylet_start_wait_time_s="600")
     head_env = dict(env, RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
     port, procs = free_port(), []
     try:
