@@ -7,7 +7,8 @@ both stages; every run must end with the bits of the same grid run here without 
 A cell's child on a node is found by its session: `ray start --block` starts the node's processes
 in the session of its own pid (Ray's workers each get a process group of their own, not a session).
 
-Marked ``cluster`` (about 4 minutes on the loaded 2-core machine): ``pytest -m "not cluster"`` leaves it out.
+Marked ``cluster`` (minutes: on the 2-core machine loaded by other work, a niced head took over 6 minutes
+to start): ``pytest -m "not cluster"`` leaves it out.
 """
 import json
 import os
