@@ -286,10 +286,13 @@ class GridRun:
         from .results import write_json
         st = [r["status"] for r in self.records.values()]
         write_json(self.out / "grid.json", {
-            "file": str(self.grid.path), "started": self.started, "updated": time.strftime("%FT%T%z"), "jobs": self.jobs,
-            "threads_per_job": self.threads, "fixed": self.grid.fixed, "axes": self.grid.axes,
+            "file": str(self.grid.path), "started": self.started, "updated": time.strftime("%FT%T%z"), **self.where(),
+            "fixed": self.grid.fixed, "axes": self.grid.axes,
             "report": self.grid.report, "counts": {s: st.count(s) for s in dict.fromkeys(st)},
             "cells": list(self.records.values())})
+
+    def where(self) -> dict:    # how the cells run, for grid.json (grid_ray.RayGridRun: on which cluster)
+        return {"jobs": self.jobs, "threads_per_job": self.threads}
 
     def _result(self, rec: dict) -> None:     # the run's accuracy, and whether it diverged
         try:

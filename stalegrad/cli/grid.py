@@ -7,10 +7,12 @@ DIR already holds (``plan``) and loads each data set once to check every cell's 
 Progress goes to stderr, one line per finished cell; the final line (stdout) says how many cells ran,
 were skipped and failed. A failed run does not stop the grid, which exits 0 when the grid itself
 worked; a bad file is one line and exit code 2, with nothing created; Ctrl-C stops the running
-children and exits 130, and the same command continues the grid later.
+children and exits 130, and the same command continues the grid later. With ``--address`` the cells
+run as Ray tasks on a cluster (``grid_ray.py``), joined and checked before DIR is created.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import json
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import RunError, StalegradError, UsageError
+from ..errors import ConfigError, RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
 from ..progress import count
 from ..results import is_finished
@@ -39,7 +41,7 @@ def _echo_err(line: str) -> None:
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="runs at once, each with cores // jobs torch threads  [default: one per core (at most one per "
                    "2 GiB of memory) for the simulator on the CPU; 1 with a cuda device or the local or ray "
-                   "runtime]")
+                   "runtime; with --address: as many as the cluster's nodes hold]")
 @click.option("--dry-run", is_flag=True, help="validate the file and list its cells (with their state in --out); "
                                               "run nothing, read no data")
 @click.option("--rerun-changed", is_flag=True,
@@ -47,7 +49,15 @@ def _echo_err(line: str) -> None:
 @click.option("--no-report", is_flag=True, help="do not write DIR/report/ at the end")
 @click.option("--tensorboard", type=click.Path(file_okay=False), default=None,
               help="TensorBoard logs of every run in DIR/<cell> (pip install 'stalegrad[tensorboard]')")
-def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
+@click.option("--address", default=None,
+              help="run the cells as Ray tasks on the cluster at HOST:PORT (or auto): one task per cell, retried "
+                   "on another node when its node dies; every node needs this stalegrad and the data set "
+                   "(docs/cluster.md, Grids on a cluster)")
+@click.option("--cpus-per-cell", type=click.IntRange(min=1), default=None,
+              help="with --address: the CPUs each cell's task asks Ray for, and its torch threads  [default: 1]")
+@click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="with --address: seconds to join the cluster before giving up  [default: 30]")
+def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, address, cpus_per_cell, connect_timeout):
     """Run every cell of the grid in FILE.toml into --out DIR; run the same command again to resume.
 
     FILE has a [fixed] table (options of 'stalegrad train', keys as in --config), an [axes] table
@@ -59,8 +69,14 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
     train' in a process of its own, into DIR/runs/<cell>/ (e.g. asgd-M8-lr0.1-gamma2-s0); a cell
     whose run is finished (summary.json, written last, and model.pt) is skipped, an unfinished one is
     run again.
+
+    With --address HOST:PORT the cells run on a Ray cluster instead, as tasks of --cpus-per-cell CPUs,
+    as many at once as its nodes hold (at most --jobs): each node runs 'stalegrad train' into a
+    temporary directory and sends the run directory back, which is written into DIR/runs/<cell>/
+    (no shared file system needed); a cell whose node dies runs again on another node. The nodes
+    load the data set from their own disks.
     """
-    from ..grid import GridRun, load_grid
+    from ..grid import load_grid
 
     g = load_grid(file, here=not dry_run)
     out_dir = Path(out) if out is not None else None
@@ -70,16 +86,37 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
         raise UsageError(f"--out {out_dir}: exists and is not a directory; choose another path")
     if out_dir is not None:
         check_layout(out_dir, report=not no_report)
+    check_cluster_options(g, address, cpus_per_cell, tensorboard, connect_timeout)
     actions = plan(g, out_dir, rerun_changed) if out_dir is not None else None
     if dry_run:
         return _list(g, actions)
-    check_data(g.path, [c for c in g.cells if actions[c.name] != "skip"])
+    check_data(g.path, [c for c in g.cells if actions[c.name] != "skip"], here=address is None)
     if tensorboard is not None:
         from ..tblog import check_logdir
         check_logdir(tensorboard)
-    cores = machine_cores()
-    jobs = jobs or default_jobs(g.cells, cores)
-    threads = max(1, cores // jobs)
+    cluster = None
+    if address is not None:   # joined (or refused in one line) before anything is written
+        from ..grid_ray import connect
+        cluster = connect(address, cpus_per_cell or 1, connect_timeout)
+        threads = cluster.cpus_per_cell
+    else:
+        cores = machine_cores()
+        jobs = jobs or default_jobs(g.cells, cores)
+        threads = max(1, cores // jobs)
+    with cluster or contextlib.nullcontext():
+        records = _run(g, out_dir, rerun_changed, cluster, jobs, threads, tensorboard)
+    st = Counter(r["status"] for r in records.values())
+    if not no_report:
+        _report(g, out_dir, [out_dir / r["dir"] for r in records.values() if r["status"] in ("done", "skipped")])
+    failed = f"{st['failed']} failed (reasons in {out_dir / 'grid.json'})" if st["failed"] else "none failed"
+    unselected = f", {st['not selected']} not selected (stage 2)" if st["not selected"] else ""
+    click.echo(f"grid: {count(len(g.cells), 'cell')}: {st['done'] + st['failed']} run, {st['skipped']} skipped "
+               f"(already done){unselected}, {failed} -> {out_dir}")
+
+
+def _run(g: Grid, out_dir: Path, rerun_changed: bool, cluster, jobs: int | None, threads: int, tensorboard):
+    """Lock DIR and run the grid's stages, here (``GridRun``) or on ``cluster`` (``grid_ray.RayGridRun``)."""
+    from ..grid import GridRun
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -91,10 +128,16 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
         first, second = split(g.cells, spec) if two_stage(spec) else (g.cells, [])
         todo = sum(actions[c.name] != "skip" for c in first)
         stage = f"stage 1 of 2 (the selection seeds): " if second else ""
-        _echo_err(f"grid: {stage}{count(len(first), 'cell')}, {len(first) - todo} already done, {todo} to run, {jobs} at "
-                  f"once with {threads} thread{'s' * (threads > 1)} each -> {out_dir}")
-        runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress,
-                         tensorboard=Path(tensorboard).absolute() if tensorboard is not None else None)
+        where = cluster.describe(jobs) if cluster is not None else \
+            f"{jobs} at once with {threads} thread{'s' * (threads > 1)} each"
+        _echo_err(f"grid: {stage}{count(len(first), 'cell')}, {len(first) - todo} already done, {todo} to run, "
+                  f"{where} -> {out_dir}")
+        if cluster is not None:
+            from ..grid_ray import RayGridRun
+            runner = RayGridRun(g, out_dir, actions, cluster, jobs=jobs, on_cell=_progress)
+        else:
+            runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress,
+                             tensorboard=Path(tensorboard).absolute() if tensorboard is not None else None)
         for c in second:
             runner.records[c.name]["status"] = "stage 2"
         try:
@@ -108,13 +151,32 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard):
             raise
     finally:
         os.close(fd)
-    st = Counter(r["status"] for r in records.values())
-    if not no_report:
-        _report(g, out_dir, [out_dir / r["dir"] for r in records.values() if r["status"] in ("done", "skipped")])
-    failed = f"{st['failed']} failed (reasons in {out_dir / 'grid.json'})" if st["failed"] else "none failed"
-    unselected = f", {st['not selected']} not selected (stage 2)" if st["not selected"] else ""
-    click.echo(f"grid: {count(len(g.cells), 'cell')}: {st['done'] + st['failed']} run, {st['skipped']} skipped "
-               f"(already done){unselected}, {failed} -> {out_dir}")
+    return records
+
+
+def check_cluster_options(g: Grid, address: str | None, cpus_per_cell: int | None, tensorboard,
+                          connect_timeout: float | None = None) -> None:
+    """The options of a grid on a Ray cluster (``--address``), before anything is joined or written."""
+    if address is None:
+        for flag, value in (("--cpus-per-cell", cpus_per_cell), ("--connect-timeout", connect_timeout)):
+            if value is not None:
+                raise UsageError(f"{flag} needs --address (a grid on a Ray cluster); without it the cells run here, "
+                                 "--jobs at once")
+        return
+    from ..runtimes.ray.connect import split_address
+    try:
+        split_address(address)
+    except ConfigError as e:
+        raise UsageError(f"--{e.render('address')}") from None
+    if tensorboard is not None:
+        raise UsageError("--tensorboard is not available with --address (the logs would stay on the nodes); "
+                         "leave it out, or run the grid without --address")
+    for c in g.cells:
+        if c.params["runtime"] == "ray" or str(c.params["device"]).startswith("cuda"):
+            what = "runtime = \"ray\"" if c.params["runtime"] == "ray" else f"device = \"{c.params['device']}\""
+            raise UsageError(f"{g.path}: cell {c.name} has {what}, but a grid on a Ray cluster (--address) runs "
+                             "each cell on the CPUs of one task; use the simulator or the local runtime on the "
+                             "CPU, or run the grid without --address")
 
 
 def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> list[Cell]:
@@ -143,7 +205,8 @@ def _progress(run, rec: dict) -> None:
     """After each finished cell: ``grid: 7/24 done, 1 failed, 16 left, about 12 min left`` (the cells of
     the current stage and those before it; stage 2's cells count once selected)."""
     if rec["status"] == "failed":
-        _echo_err(f"grid: {rec['name']} failed (exit code {rec['exit_code']}): {rec['reason']}")
+        code = f" (exit code {rec['exit_code']})" if rec["exit_code"] is not None else ""
+        _echo_err(f"grid: {rec['name']} failed{code}: {rec['reason']}")
     st = [r["status"] for r in run.records.values() if r["status"] not in ("stage 2", "not selected")]
     done, failed = st.count("done") + st.count("skipped"), st.count("failed")
     left = len(st) - done - failed
@@ -258,11 +321,12 @@ def plan(g: Grid, out: Path, rerun_changed: bool = False) -> dict[str, str]:
     return actions
 
 
-def check_data(path, cells: list[Cell]) -> None:
-    """Load each data set once and check every cell's data and model as ``train`` does before a run."""
+def check_data(path, cells: list[Cell], here: bool = True) -> None:
+    """Load each data set once and check every cell's data and model as ``train`` does before a run.
+    ``here=False`` (a grid on a cluster): a data set missing here is a note, the nodes load their own."""
     import torch
 
-    from ..data import load_pair
+    from ..data import DataError, load_pair
     from ..models import build_model
     from .run import check_options
 
@@ -274,6 +338,12 @@ def check_data(path, cells: list[Cell]) -> None:
         group = list(group)
         try:
             train_set, test_set = load_pair(dataset, group[0].params["data_dir"], seed=group[0].params["seed"])
+        except DataError as e:
+            if here:
+                raise UsageError(f"{path}: {' '.join(str(e).split())}") from None
+            _echo_err(f"grid: note: {dataset} is not on this machine, so its cells are checked on their nodes "
+                      f"(each node needs it): {' '.join(str(e).split())}")
+            continue
         except UsageError as e:
             raise UsageError(f"{path}: {' '.join(str(e).split())}") from None
         shape, classes = tuple(train_set.x.shape[1:]), train_set.num_classes
