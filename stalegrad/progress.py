@@ -69,3 +69,10 @@ def make_progress(total: int, desc: str, stream: TextIO | None = None) -> Progre
     if isatty is not None and isatty():
         return BarProgress(total, desc, stream)
     return LineProgress(desc, stream)
+
+
+def eta(seconds: float) -> str:
+    """A time left, as a person reads it: ``about 40 s left``, ``about 12 min left``, ``about 2.5 h left``."""
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s left"
+    return f"about {round(seconds / 60)} min left" if seconds < 5400 else f"about {seconds / 3600:.1f} h left"

@@ -25,7 +25,7 @@ import click
 
 from ..errors import ConfigError, RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
-from ..progress import count
+from ..progress import count, eta
 from ..results import is_finished
 from ..stages import choose, split, two_stage
 
@@ -214,12 +214,6 @@ def _progress(run, rec: dict) -> None:
     if left and run.times:     # the mean time of the cells run so far, `jobs` at once
         line += ", " + eta(sum(run.times) / len(run.times) * left / min(run.jobs, left))
     _echo_err(line)
-
-
-def eta(seconds: float) -> str:
-    if seconds < 90:
-        return f"about {max(1, round(seconds))} s left"
-    return f"about {round(seconds / 60)} min left" if seconds < 5400 else f"about {seconds / 3600:.1f} h left"
 
 
 def _list(g: Grid, actions: dict | None) -> None:
