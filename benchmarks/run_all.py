@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/run_all.py            # everything, ~45 minutes
     .venv/bin/python benchmarks/run_all.py --quick    # a short smoke run
     .venv/bin/python benchmarks/run_all.py --only server_apply,compute --threads 1
+    .venv/bin/python benchmarks/run_all.py --only server_apply --rules async-local-sgd   # and asgd
 
 Sections, by the part of issue 11 they answer (issue 4's first four are the
 same scripts): server_apply (1: server rules against copy bandwidth),
@@ -58,6 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(common.RESULTS), help="directory for the JSON files")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall time, or this process's CPU time (steadier on a busy machine; needs --threads 1)")
+    ap.add_argument("--rules", default=None, help="server_apply only: comma-separated rules to time (asgd, the "
+                    "reference of 'time vs asgd', always) [default: every rule]")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
@@ -84,7 +87,8 @@ def main(argv=None) -> int:
         load_before = common.load()
         t = time.perf_counter()
         try:
-            result = __import__(name).run(quick=args.quick)
+            extra = {"rules": args.rules.split(",")} if args.rules and name == "server_apply" else {}
+            result = __import__(name).run(quick=args.quick, **extra)
         except Exception as e:   # one broken section must not cost the others' figures
             print(f"\n## {TITLES[name]}\n\nFAILED: {type(e).__name__}: {e}")
             summary["sections"][name] = {"failed": f"{type(e).__name__}: {e}"}

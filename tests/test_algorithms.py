@@ -1,4 +1,5 @@
 """Each rule against values computed by hand (or by an independent formula)."""
+import importlib.util
 import io
 import math
 
@@ -455,7 +456,10 @@ def reference_server(name, algo, w, M):
     ("sasgd", {}), ("gap-aware", {}), ("gap-aware", {"momentum": 0.9, "weight_decay": 0.01, "ga_beta": 0.9}),
     ("dana-zero", {}), ("dana-dc", {"lam": 0.5}), ("async-local-sgd", {}), ("async-local-sgd", {"dn_c": 0.2}),
 ])
-def test_random_schedules_through_the_server_match_the_float64_reference(name, params):
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("numba", marks=pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="the fused kernels need numba"))])
+def test_random_schedules_through_the_server_match_the_float64_reference(name, params, kernels):
+    """On both server paths: the rules' torch operators and their fused kernels."""
     import random
 
     import numpy as np
@@ -464,7 +468,8 @@ def test_random_schedules_through_the_server_match_the_float64_reference(name, p
     gen = torch.Generator().manual_seed(7)
     algo = make_algorithm(name, **params)
     w0 = torch.randn(n, generator=gen)
-    server = ParameterServer(algo, w0, M)
+    server = ParameterServer(algo, w0, M, kernels=kernels)
+    assert server.kernels == kernels
     st, ref_pull, ref_push = reference_server(name, algo, w0.double().numpy(), M)
     for m in range(M):
         assert np.allclose(server.pull(m).double().numpy(), ref_pull(m), atol=1e-6)
@@ -487,6 +492,6 @@ def test_random_schedules_through_the_server_match_the_float64_reference(name, p
             saved = io.BytesIO()
             torch.save(server.state_dict(), saved)   # as a checkpoint holds it
             saved.seek(0)
-            resumed = ParameterServer(algo, torch.zeros(n), M)
+            resumed = ParameterServer(algo, torch.zeros(n), M, kernels=kernels)
             resumed.load_state_dict(torch.load(saved, weights_only=True))
     assert len(set(server.staleness.taus)) > 2   # the schedule mixed staleness values

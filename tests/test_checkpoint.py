@@ -65,6 +65,28 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, algo, delay
     assert resumed.staleness == full.staleness
 
 
+def test_async_local_sgd_resumes_bit_exact_on_its_fused_kernel(tmp_path, monkeypatch):
+    """Delayed Nesterov's state (buffer, D, update count) through a checkpoint with the kernel on, and
+    the same weights as the torch path's run."""
+    pytest.importorskip("numba")
+    hashes = {}
+    for kernels in ("numba", "torch"):
+        monkeypatch.setenv("STALEGRAD_KERNELS", kernels)
+        full = train("async-local-sgd", "round-robin", tmp_path / f"{kernels}-full.pt")
+        assert full.summary["server_kernels"] == kernels
+        with monkeypatch.context() as mp:
+            interrupt_at(mp, 10)
+            with pytest.raises(Interrupt):
+                train("async-local-sgd", "round-robin", tmp_path / f"{kernels}-cut.pt")
+        resumed = train("async-local-sgd", "round-robin", tmp_path / f"{kernels}-cut.pt",
+                        resume=tmp_path / f"{kernels}-cut.pt")
+        assert resumed.summary["server_kernels"] == kernels
+        assert resumed.summary["weights_sha256"] == full.summary["weights_sha256"]
+        assert resumed.update_log() == full.update_log()
+        hashes[kernels] = full.summary["weights_sha256"]
+    assert hashes["numba"] == hashes["torch"]
+
+
 def test_resume_of_a_trace_replay(tmp_path, monkeypatch):
     trace = tmp_path / "t.csv"
     write_trace(trace, [(i % 3, max(0, i - 2), i, float(i)) for i in range(40)])

@@ -11,6 +11,10 @@ torch path's bits, state included, in a server, across shards, beyond the chunk 
 thresholds and in a seeded digits run (same weights_sha256); gap-aware is, bit for bit, a numpy
 float32 replay of its equations with an IEEE square root, and the torch path the same replay
 with torch's square root, so the two paths differ by the square root only.
+
+async-local-sgd's Delayed Nesterov (issue 20, the last rule): the torch path's bits, state included
+(the buffer, D and the update count), on the same tests as sasgd and DANA, and within float32
+rounding of a float64 replay of Liu et al.'s Algorithm 3 for a few hand-sized updates.
 """
 import math
 
@@ -41,6 +45,10 @@ EXACT_AFTER_2017 = [("sasgd", {"momentum": 0.9}), ("sasgd", {"weight_decay": 1e-
                     ("dana-dc", {"lam": 0.5, "momentum": 0.8, "weight_decay": 1e-3})]
 # gap-aware takes a square root (IEEE's here, MKL's in torch): its own tests below
 GAP_AWARE = [("gap-aware", {}), ("gap-aware", {"momentum": 0.9, "weight_decay": 1e-3, "ga_beta": 0.9})]
+# async-local-sgd's delayed nesterov: N = the 3 workers of ``play`` or 2, c = 0 (the paper's), 0.2, 1/N, outer lr 1
+LOCAL_SGD = [("async-local-sgd", {}), ("async-local-sgd", {"dn_c": 0.2}),
+             ("async-local-sgd", {"dn_delay": 2, "dn_c": 0.5}),
+             ("async-local-sgd", {"outer_lr": 1.0, "outer_momentum": 0.5, "dn_c": 0.1})]
 
 
 def play(name, params, kernels, n, *, M=3, pushes=12, seed=0, lr=0.1):
@@ -92,7 +100,7 @@ def kernel_kind(request, monkeypatch):
         yield request.param
 
 
-@pytest.mark.parametrize("name,params", EXACT + EXACT_AFTER_2017)
+@pytest.mark.parametrize("name,params", EXACT + EXACT_AFTER_2017 + LOCAL_SGD)
 @pytest.mark.parametrize("n", [1, 7, 1000])
 def test_fused_gives_the_torch_paths_bits(name, params, n, kernel_kind):
     torch_path, numba_path = play(name, params, "torch", n), play(name, params, "numba", n)
@@ -102,7 +110,7 @@ def test_fused_gives_the_torch_paths_bits(name, params, n, kernel_kind):
     assert_same_state(torch_path, numba_path)
 
 
-@pytest.mark.parametrize("name,params", EXACT_AFTER_2017 + GAP_AWARE)
+@pytest.mark.parametrize("name,params", EXACT_AFTER_2017 + GAP_AWARE + LOCAL_SGD[:2])
 def test_the_rules_after_2017_take_their_fused_kernel(name, params, monkeypatch):
     """The numba path really runs the kernel (not server_delta) for these rules."""
     algo = make_algorithm(name, **params)
@@ -113,6 +121,9 @@ def test_the_rules_after_2017_take_their_fused_kernel(name, params, monkeypatch)
     assert server.push(0, torch.randn(100), 0.1) and calls == []
     # sasgd without momentum or weight decay keeps its one-pass torch path, w.add_(g, alpha=-lr/(tau+1))
     assert make_algorithm("sasgd").fused_apply({}, None, 0, None, 0, 0.1, None) is None
+    # async-local-sgd's outer sgd and nesterov stay on agn's torch operators
+    for outer in ("sgd", "nesterov"):
+        assert make_algorithm("async-local-sgd", outer_opt=outer).fused_apply({}, None, 0, None, 0, 0.1, None) is None
 
 
 @pytest.mark.parametrize("name,params", EXACT[1:2] + EXACT[-1:] + ADAPTIVE[1:2] + EXACT_AFTER_2017[2:3])
@@ -218,7 +229,9 @@ def test_gap_aware_differs_from_the_torch_path_only_by_its_square_root(name, par
     assert_same_state(one[0], one[1])
 
 
-NONFINITE_RULES = EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[4:5] + EXACT_AFTER_2017[6:] + GAP_AWARE[1:]
+# async-local-sgd at outer lr 10: its step is c/N (+ the momentum), not lr times anything, so 3e38 overflows s*step
+NONFINITE_RULES = EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[4:5] + EXACT_AFTER_2017[6:] + GAP_AWARE[1:] + \
+    [("async-local-sgd", {"outer_lr": 10.0, "dn_c": 0.2})]
 
 
 @pytest.mark.parametrize("name,params", NONFINITE_RULES)
@@ -233,13 +246,15 @@ def test_after_2017_a_non_finite_update_is_not_applied(name, params, kind, kerne
         server.pull(0), server.pull(1)
         if name == "gap-aware":   # keep the square root out: the state must match the torch path's bits
             server.push(0, torch.randn(1000, generator=g_), 0.1)
+        if name == "async-local-sgd":   # N = 2 workers: the next push is the momentum's update
+            assert server.push(0, torch.randn(1000, generator=g_), 0.1)
         before, state = server.w.clone(), [(k, v.clone() if isinstance(v, torch.Tensor) else v)
                                            for k, v in state_tensors(server)]
         g = torch.randn(1000, generator=g_)
         if kind == "nan message":
             g[500] = float("nan")
         else:
-            g[999] = 3e37   # s*step overflows in the last element only, lr = 100
+            g[999] = 3e38 if name == "async-local-sgd" else 3e37   # s*step overflows in the last element only
         assert not server.push(1, g, 0.1 if kind == "nan message" else 100.0)
         assert torch.equal(server.w, before) and server.nonfinite_skipped == 1
         if kind == "nan message":   # dropped before the rule: the state did not move either
@@ -250,7 +265,7 @@ def test_after_2017_a_non_finite_update_is_not_applied(name, params, kind, kerne
     assert torch.equal(servers[0].w, servers[1].w)
 
 
-@pytest.mark.parametrize("name,params", EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[6:] + GAP_AWARE[1:])
+@pytest.mark.parametrize("name,params", EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[6:] + GAP_AWARE[1:] + LOCAL_SGD[1:2])
 def test_after_2017_beyond_the_chunk_and_parallel_thresholds(name, params, monkeypatch):
     """Vectors above CHUNK_ABOVE (the torch path runs sasgd in chunks) and PARALLEL_ABOVE (the parallel
     kernel, on two threads): the torch path's bits (gap-aware: the serial kernel's bits)."""
@@ -274,7 +289,7 @@ def test_after_2017_beyond_the_chunk_and_parallel_thresholds(name, params, monke
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name,params", EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[6:])
+@pytest.mark.parametrize("name,params", EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[6:] + LOCAL_SGD[2:3])
 def test_after_2017_shards_on_the_kernels_equal_one_torch_server(name, params):
     from stalegrad.sharding import ShardedServer, local_shards, shard_bounds
     n, M, K = 301, 3, 3
@@ -408,3 +423,58 @@ def test_after_2017_a_digits_run_on_both_kernel_paths(name, params, monkeypatch)
         assert abs(a.summary["final_test_acc"] - b.summary["final_test_acc"]) < 0.05
     else:
         assert a.summary["weights_sha256"] == b.summary["weights_sha256"]
+
+
+@pytest.mark.parametrize("kernels", ["torch", "numba"])
+@pytest.mark.parametrize("N,c", [(2, 0.25), (3, 0.0)])
+def test_async_local_sgd_follows_delayed_nesterov_for_a_few_hand_sized_updates(kernels, N, c):
+    """Liu et al., Algorithm 3, in float64 on the pseudo-gradient p = -commit: D <- D + p; on every N-th
+    update m <- beta*m + D/N, w <- w - eps*((1 - cN + c)*beta*m + p/N), D <- 0; else w <- w - eps*(c*beta*m
+    + p/N). Seven updates of 4 weights from 2 workers; the server's buffer and D are -m and -D."""
+    beta, eps = 0.9, 0.7
+    algo = make_algorithm("async-local-sgd", dn_delay=N, dn_c=c, outer_momentum=beta, outer_lr=eps)
+    w0 = torch.tensor([1.0, -2.0, 0.5, 3.0])
+    commits = torch.tensor([[0.5, -1.0, 0.25, 2.0], [-0.75, 0.5, 1.5, -0.25], [1.0, 1.0, -2.0, 0.125],
+                            [0.25, -0.5, 0.75, -1.5], [-1.25, 2.0, 0.5, 1.0], [0.5, 0.25, -0.75, -2.0],
+                            [2.0, -1.5, 1.0, 0.5]])
+    server = ParameterServer(algo, w0, 2, kernels=kernels)
+    server.pull(0), server.pull(1)
+    w, m, D = w0.double().numpy(), np.zeros(4), np.zeros(4)
+    for t, commit in enumerate(commits):
+        p = -commit.double().numpy()
+        D = D + p
+        if (t + 1) % N == 0:
+            m = beta * m + D / N
+            w = w - eps * ((1 - c * N + c) * beta * m + p / N)
+            D = np.zeros(4)
+        else:
+            w = w - eps * (c * beta * m + p / N)
+        before = server.state["outer_buffer"].clone()
+        assert server.push(t % 2, commit, 0.1)
+        np.testing.assert_allclose(server.w.double().numpy(), w, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(-server.state["outer_buffer"].double().numpy(), m, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(-server.state["dn_sum"].double().numpy(), D, rtol=1e-6, atol=1e-6)
+        # the momentum moves on every N-th update only, and D is emptied then
+        assert torch.equal(server.state["outer_buffer"], before) == ((t + 1) % N != 0)
+        assert bool(server.state["dn_sum"].any()) == ((t + 1) % N != 0)
+        assert server.state["dn_updates"] == t + 1
+    assert m.any() and not np.allclose(w, w0.double().numpy())
+
+
+@pytest.mark.parametrize("params", [{}, {"dn_c": 0.2}])
+def test_async_local_sgd_a_digits_run_on_both_kernel_paths(params, monkeypatch):
+    """An mlp on digits, 4 workers committing every 2 local sgd steps, random delays: the kernel gives
+    the torch path's weights_sha256, and the run's is the same from run to run."""
+    train, test = sg.load_pair("digits")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")   # as the digits runs above
+
+    def digits(kernels):
+        monkeypatch.setenv("STALEGRAD_KERNELS", kernels)
+        algo = make_algorithm("async-local-sgd", window=2, local_opt="sgd", **params)
+        return sg.train("mlp", train, test, algo, 4, Simulator(delay="gamma:2"), epochs=2.0, batch_size=8,
+                        seed=3, lr=0.02)
+    a, b = digits("numba"), digits("torch")
+    assert a.summary["server_kernels"] == "numba" and b.summary["server_kernels"] == "torch"
+    assert a.summary["updates"] >= 100 and a.summary["nonfinite_skipped"] == 0
+    assert a.summary["weights_sha256"] == b.summary["weights_sha256"]
+    assert digits("numba").summary["weights_sha256"] == a.summary["weights_sha256"]

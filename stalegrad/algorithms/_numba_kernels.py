@@ -248,6 +248,45 @@ def dana_parallel(g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s,
     return bad
 
 
+@njit(**_INLINE)
+def _local_sgd(i, g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
+    # Delayed Nesterov in the commit's sign (local_sgd.AsyncLocalSGD): total.add_(c); step = torch.div(c, n);
+    # every N-th update b.mul_(beta).add_(total.div_(n)) (two roundings), step.add_(b, alpha) = fma(b, alpha,
+    # step), total.zero_(); else (c > 0) step.add_(b, alpha) = fma; then w.add_(step, alpha=s) = fma
+    gi = g[i]
+    ti = total[i] + gi
+    step = gi / n
+    if momentum_update:
+        bi = b[i] * beta + ti / n
+        b[i] = bi
+        step = _fma(bi, alpha, step)
+        total[i] = 0
+    else:
+        total[i] = ti
+        if use_alpha:
+            step = _fma(b[i], alpha, step)
+    wi = w[i]
+    old[i] = wi
+    w[i] = _fma(step, s, wi)
+    return 0 if abs(step) <= limit else 1
+
+
+@njit(**_SERIAL)
+def local_sgd(g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
+    bad = 0
+    for i in range(g.size):
+        bad += _local_sgd(i, g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit)
+    return bad
+
+
+@njit(**_PARALLEL)
+def local_sgd_parallel(g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
+    bad = 0
+    for i in prange(g.size):
+        bad += _local_sgd(i, g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit)
+    return bad
+
+
 # max over i of (bits[i] & 0x7fffffff), bits the int32 view of a float32 vector: the largest
 # magnitude's bit pattern, above 0x7f800000 for a NaN (an integer reduction: it vectorises
 # without reordering float arithmetic).
@@ -275,7 +314,7 @@ def warm() -> dict:
     kernels = {"sgd": (sgd, sgd_parallel), "dcasgd_c": (dcasgd_c, dcasgd_c_parallel),
                "dcasgd_a": (dcasgd_a, dcasgd_a_parallel), "max_abs_bits": (max_abs_bits, max_abs_bits_parallel),
                "sasgd": (sasgd, sasgd_parallel), "gap_aware": (gap_aware, gap_aware_parallel),
-               "dana": (dana, dana_parallel)}
+               "dana": (dana, dana_parallel), "local_sgd": (local_sgd, local_sgd_parallel)}
     for k in kernels["sgd"]:
         k(v, v.copy(), v.copy(), v.copy(), f, f, t, t, f, f)
     for k in kernels["dcasgd_c"]:
@@ -288,6 +327,8 @@ def warm() -> dict:
         k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, f, f, f, t, f, f, f, f, t, t, f, f)
     for k in kernels["dana"]:
         k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, t, f, f, t, f, f)
+    for k in kernels["local_sgd"]:
+        k(v, v.copy(), v.copy(), v.copy(), v.copy(), f, t, f, f, t, f, f)
     for k in kernels["max_abs_bits"]:
         k(v.view(np.int32))
     return kernels

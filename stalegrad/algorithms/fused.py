@@ -10,11 +10,12 @@ update is still applied whole or not at all (``ParameterServer.prepare``/``commi
 
 Rounding: every operation rounds as the torch operator it replaces (float32, same order,
 a fused multiply-add exactly where torch's CPU kernels use one). sgd, asgd, dcasgd-c, sasgd,
-dana-zero and dana-dc give torch's bits; dcasgd-a and gap-aware differ in the last bit of
-some elements because their square root here is IEEE's, correctly rounded, and torch's CPU
-``sqrt`` (MKL) is not always. Rules whose state has scalars (gap-aware's update count and
-largest rate, DANA's last rate) update them in ``fused_apply``, once per call: a kernel runs
-on the whole vectors, never on the server's chunks.
+dana-zero, dana-dc and async-local-sgd (delayed nesterov) give torch's bits; dcasgd-a and
+gap-aware differ in the last bit of some elements because their square root here is IEEE's,
+correctly rounded, and torch's CPU ``sqrt`` (MKL) is not always. Rules whose state has scalars
+(gap-aware's update count and largest rate, DANA's last rate, async-local-sgd's update count)
+update them in ``fused_apply``, once per call: a kernel runs on the whole vectors, never on the
+server's chunks.
 No fast-math: the same inputs give the same bits on every run (tests/test_fused.py).
 
 Optional: ``pip install 'stalegrad[fast]'`` brings numba. Without it, for tensors on a GPU,
@@ -206,3 +207,15 @@ def dana_apply(g, w, w_bak, momentum, momentum_sum, old, *, lam: float | None, g
     return _kernel("dana", g.numel())(g.numpy(), w.numpy(), bak, v, momentum_sum.numpy(), old.numpy(),
                                       f(lam if dc else 0.0), dc, f(gamma - 1), f(weight_decay), bool(weight_decay),
                                       f(s), finite_limit(s)) == 0
+
+
+def local_sgd_apply(c, w, dn_sum, buffer, old, *, n: int, momentum_update: bool, beta: float, share: float,
+                    s: float) -> bool:
+    """async-local-sgd's Delayed Nesterov in the commit's sign: D += c, step = c/n, and on the n-th update
+    b <- beta*b + D/n, step += (1 - share*n + share)*beta*b, D <- 0 (else step += share*beta*b when share
+    > 0), then w += s*step in place; as ``sgd_apply`` (``old`` gets the old w, True when s*step is finite)."""
+    f = np.float32
+    alpha = (1 - share * n + share) * beta if momentum_update else share * beta
+    return _kernel("local_sgd", c.numel())(c.numpy(), w.numpy(), dn_sum.numpy(), buffer.numpy(), old.numpy(), f(n),
+                                           bool(momentum_update), f(beta), f(alpha), bool(share), f(s),
+                                           finite_limit(s)) == 0

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from .._lazy import torch
 from ..errors import ConfigError
+from . import fused
 from .agn import AccumulatedCommit
 from .base import check_nonnegative, elementwise, param
 
@@ -101,7 +102,8 @@ class AsyncLocalSGD(AccumulatedCommit):
             state.update(dn_sum=torch.zeros_like(w), dn_updates=0, dn_delay=self.dn_delay or num_workers)
         return state
 
-    # Not @elementwise: delayed-nesterov counts updates in a scalar, which a chunk could not write back.
+    # Not @elementwise: delayed-nesterov counts updates in a scalar, which a chunk could not write back
+    # (fused_apply's kernel runs on the whole vectors and moves the count once).
     def server_delta(self, state, w, worker, msg, tau, lr, out):
         if self.outer_opt != "delayed-nesterov":
             return self.outer_step(state, msg, 1.0, out)
@@ -118,3 +120,13 @@ class AsyncLocalSGD(AccumulatedCommit):
             step.add_(b, alpha=c * beta)
         state["dn_updates"] = t + 1
         return step, self.outer_lr
+
+    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+        if self.outer_opt != "delayed-nesterov":
+            return None   # outer sgd and nesterov stay on torch operators (agn's outer_step)
+        # One call on the whole vectors: the update count is moved here, once, as server_delta does.
+        n, t = state["dn_delay"], state["dn_updates"]
+        state["dn_updates"] = t + 1
+        return fused.local_sgd_apply(msg, w, state["dn_sum"], state["outer_buffer"], old, n=n,
+                                     momentum_update=(t + 1) % n == 0, beta=self.outer_momentum, share=self.dn_c,
+                                     s=self.outer_lr)
