@@ -111,7 +111,10 @@ def test_every_experiment_file_validates(path, run):
                 # 10 x 2 algos x 2 n x 2 windows x 2 delays
                 "dcasgd_decisive": 6800, "dcasgd_decisive_momentum": 920, "dcasgd_decisive_cnn": 320,
                 "agn_decisive": 4320, "agn_decisive_downpour5": 1440, "agn_decisive_agnmlp": 160,
-                "delays_gradient": 72, "delays_commit": 96}
+                "delays_gradient": 72, "delays_commit": 96,
+                # the cut grids: 7 seeds x 5 lr x (sgd 1 + 3 M x (ssgd + asgd + dcasgd-c x 2 lam + dcasgd-a));
+                # 7 seeds x 5 lr x 4 algos x 2 n x 2 windows
+                "dcasgd_decisive_cut": 560, "agn_decisive_cut": 560}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
 
 

@@ -75,6 +75,10 @@ def test_without_strict_mode_the_thread_count_changes_the_bits(one_thread):
     """The check above can fail: with MKL left as it was, 1 and 2 threads part ways."""
     loose_one, loose_two = run(1, "strict-off", "mlp-asgd"), run(2, "strict-off", "mlp-asgd")
     assert loose_two["numerics"]["mkl_cbwr"] == "BRANCH_OFF"   # MKL's own default
+    if loose_one["mlp-asgd"][0] == loose_two["mlp-asgd"][0]:
+        # seen on an Intel Xeon (AVX512), whose MKL kept these products whole at 2 threads; the EPYC VMs split them
+        pytest.skip(f"MKL's default splits none of this run's products by thread on this CPU "
+                    f"({loose_two['numerics'].get('cpu_model')}): nothing for strict mode to fix here")
     assert loose_one["mlp-asgd"][0] != loose_two["mlp-asgd"][0]
 
 
@@ -87,9 +91,13 @@ def test_the_check_before_the_run_catches_mkl_left_loose(one_thread):
 
 
 def test_torch_started_first_falls_back_to_one_thread_with_the_same_bits(one_thread):
-    late = run(2, "torch-first", "mlp-asgd")
-    assert late["mlp-asgd"] == one_thread["mlp-asgd"]
+    late, late_one = run(2, "torch-first", "mlp-asgd"), run(1, "torch-first", "mlp-asgd")
+    assert late["mlp-asgd"] == late_one["mlp-asgd"]   # the thread count does not enter
     assert late["numerics"]["threads"] == 1 and "one thread" in late["numerics"]["note"]
+    if late["numerics"]["cpu_capability"] == "AVX2":
+        # torch started before the pin could act, so its kernels are the CPU's own: on an AVX2 CPU those
+        # are the pinned ones, and the bits are the pinned run's; an AVX512 CPU gives its own
+        assert late["mlp-asgd"] == one_thread["mlp-asgd"]
 
 
 class FakeClock:
