@@ -108,14 +108,28 @@ def hashes(out: Path) -> dict:
             for d in (out / "runs").iterdir() if (d / "summary.json").is_file()}
 
 
-def cell_children(session: int) -> list[str]:
-    """The command lines of the cells' `stalegrad train` children among the processes of ``session``."""
-    ps = subprocess.run(["ps", "-eo", "sid=,args="], capture_output=True, text=True).stdout.splitlines()
-    return [a for s, _, a in (ln.strip().partition(" ") for ln in ps) if s == str(session) and "stalegrad-cell-" in a]
+def cell_children(node: int) -> list[str]:
+    """The command lines of the cells' `stalegrad train` children that descend from ``node``, the pid of
+    a node's `ray start --block` (its raylet's parent; Ray's workers need not stay in its session)."""
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
+    parent, args = {}, {}
+    for ln in ps:
+        pid, ppid, a = (ln.split(None, 2) + [""])[:3]
+        parent[int(pid)], args[int(pid)] = int(ppid), a
+
+    def under(pid: int) -> bool:
+        seen = set()
+        while pid not in (0, 1) and pid not in seen:
+            if pid == node:
+                return True
+            seen.add(pid)
+            pid = parent.get(pid, 0)
+        return False
+    return [a for pid, a in args.items() if "stalegrad-cell-" in a and "train" in a and under(pid)]
 
 
 def session_of(proc: subprocess.Popen) -> int:
-    return proc.pid   # start_new_session=True: the node's session is its `ray start` pid
+    return proc.pid   # the node's `ray start --block`: its raylet, and the raylet's workers, descend from it
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +152,7 @@ def test_a_grid_on_the_cluster_stops_on_ctrl_c_resumes_and_equals_the_local_grid
     session, deadline = session_of(cluster["node_b"]), time.monotonic() + 400
     seen = set()
     while not cell_children(session) and run.poll() is None and time.monotonic() < deadline:
-        ps = subprocess.run(["ps", "-eo", "pid=,sid=,pgid=,args="], capture_output=True, text=True).stdout
+        ps = subprocess.run(["ps", "-ww", "-eo", "pid=,sid=,pgid=,args="], capture_output=True, text=True).stdout
         seen |= {ln[:200] for ln in ps.splitlines() if "stalegrad-cell" in ln or "ray::" in ln}
         time.sleep(0.2)
     assert run.poll() is None and cell_children(session), (session, sorted(seen), run.communicate())
@@ -153,7 +167,7 @@ def test_a_grid_on_the_cluster_stops_on_ctrl_c_resumes_and_equals_the_local_grid
         time.sleep(0.2)
     assert cell_children(session) == []
     # 2. the same command finishes both stages, with the bits of the local grid
-    proc = grid(*cmd[3:], env=env)
+    proc = grid(*cmd[4:], env=env)
     assert proc.returncode == 0, proc.stderr
     assert "stage 2 of 2 (the reporting seeds of the 1 selected settings)" in proc.stderr
     assert {n: r["status"] for n, r in records(out).items()} == {n: r["status"] for n, r in local["records"].items()}
@@ -166,7 +180,7 @@ def test_a_grid_on_the_cluster_stops_on_ctrl_c_resumes_and_equals_the_local_grid
     assert "grid: 6 cells: 5 run, 0 skipped (already done), 1 not selected (stage 2), none failed" in proc.stdout
     # 3. a rerun skips every cell and writes the report
     mtimes = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
-    proc = grid(*cmd[3:-1], env=env)
+    proc = grid(*cmd[4:-1], env=env)
     assert proc.returncode == 0, proc.stderr
     assert "0 run, 5 skipped" in proc.stdout and (out / "report" / "report.md").is_file()
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")} == mtimes
