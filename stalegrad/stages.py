@@ -32,8 +32,11 @@ def two_stage(spec: dict | None) -> bool:
     return bool(spec) and bool(spec.get("report_seeds")) and spec.get("stages", 2) == 2
 
 
-def split(cells: list, spec: dict) -> tuple[list, list]:
-    """(stage 1: the cells of every seed that is not a reporting seed, stage 2: those of a reporting seed)."""
+def split(cells: list, spec: dict | None) -> tuple[list, list]:
+    """(stage 1: the cells of every seed that is not a reporting seed, stage 2: those of a reporting seed);
+    (every cell, none) for a grid that runs in one stage (``two_stage``)."""
+    if not two_stage(spec):
+        return cells, []
     report = set(spec["report_seeds"])
     first = [c for c in cells if c.options.get("seed", 0) not in report]
     return first, [c for c in cells if c.options.get("seed", 0) in report]

@@ -51,6 +51,18 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def ray_head_ip(log, proc, deadline: float) -> str:
+    """The node IP that a `ray start --head --block` (``proc``, writing ``log``, a Path) prints once its
+    runtime is up; fails the test with the log if it is not up by ``deadline`` (time.monotonic())."""
+    import time
+    while time.monotonic() < deadline and proc.poll() is None:
+        text = log.read_text()
+        if "Ray runtime started" in text:
+            return text.split("Local node IP: ")[1].split()[0]
+        time.sleep(0.5)
+    raise AssertionError(log.read_text())
+
+
 class Stop(Exception):
     """Raised by ``stop_after_first_checkpoint`` runtimes."""
 

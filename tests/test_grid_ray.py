@@ -28,6 +28,7 @@ pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'staleg
 from stalegrad.grid_ray import capacity, install, version_problem  # noqa: E402
 
 from stalegrad.runtimes.ray.connect import probe  # noqa: E402
+from helpers import descendants, ray_head_ip  # noqa: E402
 from test_ray_cli_cluster import RAY, ROOT, free_port, stop  # noqa: E402
 
 pytestmark = [pytest.mark.cluster,
@@ -67,13 +68,8 @@ def cluster():
             [RAY, "start", "--head", "--port", str(port), "--num-cpus", "0", "--include-dashboard=false",
              "--disable-usage-stats", "--temp-dir", str(base / "t"), "--block"],
             env=head_env, stdout=open(base / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True))
-        deadline, ip = time.monotonic() + 400, None   # (minutes under the load of other work, niced)
-        while ip is None and time.monotonic() < deadline and procs[0].poll() is None:
-            text = (base / "head.log").read_text()
-            if "Ray runtime started" in text:
-                ip = text.split("Local node IP: ")[1].split()[0]
-            time.sleep(0.5)
-        assert ip, (base / "head.log").read_text()
+        deadline = time.monotonic() + 400   # (minutes under the load of other work, niced)
+        ip = ray_head_ip(base / "head.log", procs[0], deadline)
         address = f"{ip}:{port}"
         procs.append(subprocess.Popen(
             [RAY, "start", "--address", address, "--num-cpus", "2", "--disable-usage-stats", "--block"],
@@ -111,21 +107,10 @@ def hashes(out: Path) -> dict:
 def cell_children(node: int) -> list[str]:
     """The command lines of the cells' `stalegrad train` children that descend from ``node``, the pid of
     a node's `ray start --block` (its raylet's parent; Ray's workers need not stay in its session)."""
-    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
-    parent, args = {}, {}
-    for ln in ps:
-        pid, ppid, a = (ln.split(None, 2) + [""])[:3]
-        parent[int(pid)], args[int(pid)] = int(ppid), a
-
-    def under(pid: int) -> bool:
-        seen = set()
-        while pid not in (0, 1) and pid not in seen:
-            if pid == node:
-                return True
-            seen.add(pid)
-            pid = parent.get(pid, 0)
-        return False
-    return [a for pid, a in args.items() if "stalegrad-cell-" in a and "train" in a and under(pid)]
+    below = set(descendants(node))
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    return [a for pid, _, a in (ln.strip().partition(" ") for ln in ps)
+            if int(pid) in below and "stalegrad-cell-" in a and "train" in a]
 
 
 def session_of(proc: subprocess.Popen) -> int:

@@ -26,6 +26,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install '
                                         "the Ray runtime's tests need it")
 
 from stalegrad.runtimes.ray.connect import probe  # noqa: E402
+from helpers import ray_head_ip  # noqa: E402
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ray start on Linux")]
@@ -92,13 +93,7 @@ def cluster():
              "--disable-usage-stats", "--temp-dir", str(base / "t"), "--block"],
             env=head_env, stdout=head_log, stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 90
-        ip = None
-        while ip is None and time.monotonic() < deadline and procs[0].poll() is None:
-            text = (base / "head.log").read_text()
-            if "Ray runtime started" in text:
-                ip = text.split("Local node IP: ")[1].split()[0]
-            time.sleep(0.5)
-        assert ip, (base / "head.log").read_text()
+        ip = ray_head_ip(base / "head.log", procs[0], deadline)
         address = f"{ip}:{port}"
         node_env = dict(env, PYTHONPATH=str(guard), GUARD_MARKS=str(marks))
         procs.append(subprocess.Popen(

@@ -27,7 +27,7 @@ from ..errors import ConfigError, RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
 from ..progress import count, eta
 from ..results import is_finished
-from ..stages import choose, split, two_stage
+from ..stages import choose, split
 
 
 def _echo_err(line: str) -> None:
@@ -125,9 +125,9 @@ def _run(g: Grid, out_dir: Path, rerun_changed: bool, cluster, jobs: int | None,
     try:
         actions = plan(g, out_dir, rerun_changed)     # again, under the lock
         spec = g.report.get("protocol")
-        first, second = split(g.cells, spec) if two_stage(spec) else (g.cells, [])
+        first, second = split(g.cells, spec)
         todo = sum(actions[c.name] != "skip" for c in first)
-        stage = f"stage 1 of 2 (the selection seeds): " if second else ""
+        stage = "stage 1 of 2 (the selection seeds): " if second else ""
         where = cluster.describe(jobs) if cluster is not None else \
             f"{jobs} at once with {threads} thread{'s' * (threads > 1)} each"
         _echo_err(f"grid: {stage}{count(len(first), 'cell')}, {len(first) - todo} already done, {todo} to run, "
@@ -182,9 +182,10 @@ def check_cluster_options(g: Grid, address: str | None, cpus_per_cell: int | Non
 def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> list[Cell]:
     """The reporting-seed cells of the settings stage 1 selected (``stages.choose``); the others are
     recorded as not selected, with the setting that was."""
-    val = {c.name: runner.records[c.name].get("final_val_acc") for c in first
-           if runner.records[c.name]["status"] in ("done", "skipped")}
-    chosen, picks = choose(first, second, spec, {k: v for k, v in val.items() if v is not None})
+    records = [runner.records[c.name] for c in first]
+    val = {r["name"]: r["final_val_acc"] for r in records
+           if r["status"] in ("done", "skipped") and r.get("final_val_acc") is not None}
+    chosen, picks = choose(first, second, spec, val)
     names = {c.name for c in chosen}
     for c in second:
         if c.name in names:
@@ -221,7 +222,7 @@ def _list(g: Grid, actions: dict | None) -> None:
     click.echo(f"{g.path}: {count(len(g.cells), 'cell')} ({', '.join(f'{a} {n}' for a, n in per_algo.items())}), "
                "every one valid")
     spec = g.report.get("protocol")
-    first, second = split(g.cells, spec) if two_stage(spec) else (g.cells, [])
+    first, second = split(g.cells, spec)
     width = max(len(c.name) for c in g.cells)
     shown = {"skip": "done: skipped", "rerun": "to run again", "run": "to run"}
     if second:
