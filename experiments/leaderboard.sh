@@ -7,7 +7,7 @@ set -e
 STALEGRAD=${STALEGRAD:-.venv/bin/stalegrad}
 PYTHON=${PYTHON:-.venv/bin/python}
 OUT=${OUT:-runs/leaderboard}
-for name in grad_asgd grad_sgd grad_dana grad_sasgd commit_agn commit_outer commit_downpour; do
+for name in grad_asgd grad_sgd grad_dana commit_agn commit_outer grad_sasgd commit_downpour; do
   $STALEGRAD grid experiments/leaderboard_$name.toml --out "$OUT/$name" --jobs 2
 done
 $PYTHON experiments/leaderboard.py "$OUT" --out docs/results/leaderboard.md
