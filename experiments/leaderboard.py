@@ -70,7 +70,8 @@ def unfinished(grid_dir: Path) -> str | None:
         return f"no readable grid.json ({e.__class__.__name__})"
     left = {k: counts[k] for k in UNFINISHED if counts.get(k)}
     if left:
-        return "still running: " + ", ".join(f"{n} {k}" for k, n in left.items())
+        named = {"stage 2": "cells for stage 2"}
+        return "still running: " + ", ".join(f"{n} {named.get(k, k)}" for k, n in left.items())
     try:
         report = json.loads((grid_dir / "report" / "report.json").read_text())
     except (OSError, ValueError):
@@ -94,6 +95,7 @@ def load(root: Path) -> tuple[dict, list]:
             skipped.append((d.name, why))
         else:
             reports[d.name] = json.loads((d / "report" / "report.json").read_text())
+    skipped.sort(key=lambda nw: (GRIDS.index(nw[0]) if nw[0] in GRIDS else len(GRIDS), nw[0]))
     if not reports:
         fail(f"{root}: no finished grid ({'; '.join(f'{n}: {w}' for n, w in skipped) or 'no grid.json below it'})")
     return reports, skipped
