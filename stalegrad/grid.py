@@ -10,7 +10,7 @@ The file has four tables (experiments/README.md says more; [protocol]: ``report_
     workers = [4, 8, 16]
     seeds = [0, 1, 2]                     # or seed
     lam0 = [1.0, 2.0]                     # any algorithm parameter or train option
-    [report]         # target, baseline: for the report written at the end (stalegrad.report)
+    [report]         # target, baseline, time_model: for the report written at the end (stalegrad.report)
     target = 0.85
     [protocol]       # select on validation (--val-split) over seeds 0-2, report test accuracy on 3-9
     select_seeds = [0, 1, 2]
@@ -52,6 +52,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .report_protocol import grid_protocol
+from .report_time import grid_time_model
 from .results import is_finished, last_line
 
 ALIASES = {"algos": "algo", "seeds": "seed"}
@@ -60,7 +61,7 @@ REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "re
            "config_file": "the grid is the configuration", "record_trace": "it records one run: use 'stalegrad train'",
            "tensorboard": "give 'stalegrad grid --tensorboard DIR': each run logs into DIR/<cell>"}
 PREFIX = {"workers": "M", "window": "W", "lr": "lr", "seed": "s", "algo": "", "delay": ""}
-REPORT_KEYS = ("target", "baseline")
+REPORT_KEYS = ("target", "baseline", "time_model")
 # `stalegrad train` in a child, answering SIGINT (_stop) even when the grid runs in the background
 # (nohup, `&`), which ignores SIGINT and would pass that on (preexec_fn could lose a Ctrl-C at fork).
 CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -187,14 +188,13 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
                     raise UsageError(f"{where} {key} lists {toml_value(dup)} twice")
             out[name] = value
     report = dict(table.get("report", {}))
-    unknown = [k for k in report if k not in REPORT_KEYS]
-    if unknown:
+    if unknown := [k for k in report if k not in REPORT_KEYS]:
         raise UsageError(f"{path}: [report] unknown key {unknown[0]!r}; keys are {', '.join(REPORT_KEYS)}")
     if not isinstance(baseline := report.get("baseline", ""), str):
         raise UsageError(f"{path}: [report] baseline must be an algorithm's name (a string), not {baseline!r}")
-    target = report.get("target", 1)
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
+    if isinstance(target := report.get("target", 1), bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
         raise UsageError(f"{path}: [report] target must be a test accuracy in (0, 1], got {target!r}")
+    grid_time_model(path, report)   # [report] time_model: read and checked now, not after the cells ran
     if "protocol" in table:   # report_protocol.py: select_seeds, report_seeds, tune, arms, compare, closure
         report["protocol"] = grid_protocol(path, table["protocol"], fixed, axes)
     return fixed, axes, report

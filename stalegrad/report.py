@@ -12,19 +12,20 @@ import statistics
 from pathlib import Path
 
 from .errors import UsageError
-from .metrics import temporal_efficiency
 from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
 from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
 from .report_protocol import analyse_protocol, render_protocol
+from .report_curves import (TIMES, WINDOW_S, central_curve, efficiencies, logs_train_acc,  # noqa: F401
+                            pair_efficiency, time_to_target, workers_curve)
+from .report_time import MESSAGES_PER_WINDOW, WINDOWS, load_time_model, seconds_per_virtual_second, summarise
 from .results import DamagedRun, atomic_write, flat_config, read_run, write_json
 
 # Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
 IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace", "probe_every", "probes",   # probes change nothing
            "threads", "numerics")   # the simulator's bits do not depend on its threads
-VARIANTS = ("central", "workers")
-WINDOW_S = 5.0          # the workers variant: training accuracy averaged over windows of real time
+VARIANTS = ("central", "workers", "workers-modelled")
+# workers-modelled: the workers' training accuracy over modelled cluster time (report_time.py, --time-model)
 TARGET_FRACTION = 0.9   # default target: 0.9 x the best group's mean best test accuracy
-TIMES = ("wall_s", "virtual_s", "samples")
 _MISSING = object()
 
 
@@ -144,53 +145,6 @@ def stat(values) -> dict:
             "n": len(v)}
 
 
-# ---------------------------------------------------------------- curves: time to target, temporal efficiency
-
-def time_to_target(metrics: list[dict], target: float) -> dict | None:
-    """Wall seconds, virtual seconds and samples at which test accuracy first reaches ``target``,
-    interpolated linearly between the two evaluations around it; None if it never does."""
-    prev = None
-    for m in metrics:
-        acc = m.get("test_acc")
-        if not _finite(acc) or not all(_finite(m.get(k)) for k in TIMES):
-            continue
-        if acc >= target:
-            if prev is None:
-                return {k: m[k] for k in TIMES}
-            frac = (target - prev["test_acc"]) / (acc - prev["test_acc"])
-            return {k: prev[k] + frac * (m[k] - prev[k]) for k in TIMES}
-        prev = m
-    return None
-
-
-def central_curve(run: dict):
-    """The central model's test accuracy over virtual time."""
-    pts = [(m["virtual_s"], m["test_acc"]) for m in run["metrics"]
-           if _finite(m.get("test_acc")) and _finite(m.get("virtual_s"))]
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
-def workers_curve(run: dict, window: float = WINDOW_S):
-    """The workers' mini-batch training accuracy (``train_acc`` of each message, messages.jsonl) over
-    real time, averaged in windows of ``window`` seconds (weighted by the samples each message covers);
-    one point per window, at its middle."""
-    sums: dict[int, list[float]] = {}
-    prev = 0
-    for m in run["messages"]:
-        samples = m.get("samples") or 0
-        weight, prev = samples - prev, samples
-        if _finite(m.get("train_acc")) and _finite(m.get("wall_s")) and weight > 0:
-            s = sums.setdefault(int(m["wall_s"] // window), [0.0, 0.0])
-            s[0] += weight * m["train_acc"]
-            s[1] += weight
-    ks = sorted(sums)
-    return [(k + 0.5) * window for k in ks], [sums[k][0] / sums[k][1] for k in ks]
-
-
-def logs_train_acc(run: dict) -> bool:
-    return any(_finite(m.get("train_acc")) for m in run["messages"])
-
-
 def _context(g: dict, drop_workers: bool, shared: set) -> dict:
     """A group's settings apart from its algorithm and the parameters only it has (``shared``: those both
     algorithms have, e.g. agn's and aeasgd's window, count), and the worker count against one worker."""
@@ -210,13 +164,6 @@ def baseline_for(g: dict, candidates: list[dict]) -> tuple[dict, list[str]]:
         if best is None or rank < best[0]:
             best = (rank, b, diff)
     return best[1], best[2]
-
-
-def efficiencies(g: dict, base: dict, curve) -> dict:
-    """E(run, baseline run of the same seed) for each seed of ``g`` that the baseline group has."""
-    by_seed = {r["seed"]: r for r in base["runs"]}
-    return {r["seed"]: temporal_efficiency(curve(r), curve(by_seed[r["seed"]]))
-            for r in g["runs"] if r["seed"] in by_seed}
 
 
 # ---------------------------------------------------------------- the analysis
@@ -253,11 +200,18 @@ def _lr_sweeps(groups: list[dict], axes: dict) -> dict:
 
 
 def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=None,
-            given_in=None, protocol=None) -> tuple[dict, list, tuple]:
+            given_in=None, protocol=None, time_model=None) -> tuple[dict, list, tuple]:
     """Everything in report.json, the groups (with their runs), and the heat map's axes. ``given_in``:
-    where ``target`` and ``baseline`` came from (default: the options --target and --baseline)."""
+    where ``target`` and ``baseline`` came from (default: the options --target and --baseline);
+    ``time_model``: the file of ``--time-model`` (report_time.py), for the workers-modelled variant."""
     if variant not in VARIANTS:
         raise ReportError(f"--variant {variant!r}: choose one of {', '.join(VARIANTS)}")
+    if variant == "workers-modelled" and time_model is None:
+        raise ReportError("--variant workers-modelled needs --time-model FILE (the measured cost of each "
+                          "algorithm: benchmarks/throughput.py writes one)")
+    if time_model is not None and variant != "workers-modelled":
+        raise ReportError(f"--time-model is for --variant workers-modelled, not {variant}")
+    model = load_time_model(time_model) if time_model is not None else None
     if target is not None and not (_finite(target) and 0 < target <= 1):
         raise ReportError(f"--target must be an accuracy in (0, 1], got {target!r}")
     skipped: list = []
@@ -287,14 +241,30 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
         target_rule = f"given in {given_in}" if given_in else "given with --target"
 
     used, variant_note = variant, ""
-    if variant == "workers" and not all(logs_train_acc(r) for g in groups for r in g["runs"]):
+    if variant != "central" and not all(logs_train_acc(r) for g in groups for r in g["runs"]):
         used = "central"
-        variant_note = ("the workers variant needs per-message training accuracy (messages.jsonl, written "
+        variant_note = (f"the {variant} variant needs per-message training accuracy (messages.jsonl, written "
                         "since stalegrad 0.3), which these runs lack; the central variant was used instead")
-    curve = workers_curve if used == "workers" else central_curve
-    described = ("f = the workers' mini-batch training accuracy averaged over windows of "
-                 f"{WINDOW_S:g} s of real (wall) time" if used == "workers"
-                 else "f = the central model's test accuracy over virtual time")
+    modelled = None
+    if model is not None:   # checked on every run before anything is written, even when the variant falls back
+        for g in groups:
+            for r in g["runs"]:
+                r["time_scale"] = seconds_per_virtual_second(model, r)
+        modelled = summarise(groups, model)
+        if used == "workers-modelled" and modelled["approximate"]:
+            notes.append("modelled time: the delay model of " + ", ".join(modelled["approximate"]) + " has factors "
+                         "that do not average 1; its commit term assumes a speed-1 worker (report_time.py)")
+    efficiency = pair_efficiency(used)
+    described = {"workers": "f = the workers' mini-batch training accuracy averaged over windows of "
+                            f"{WINDOW_S:g} s of real (wall) time",
+                 "workers-modelled": "f = the workers' mini-batch training accuracy over modelled cluster time "
+                                     "T = V x t(W) / (step_time x W), t(W) = step_s x W + commit_s the measured "
+                                     "seconds per commit of the run's algorithm (--time-model), averaged over "
+                                     f"the same windows for both runs of a pair: {WINDOWS} windows over the "
+                                     f"shorter run, fewer when it has under {MESSAGES_PER_WINDOW} messages a "
+                                     "window (at least 2)",
+                 "central": "f = the central model's test accuracy over virtual time"}[used]
+    beside = pair_efficiency("central") if used == "workers-modelled" else None
     candidates = [g for g in groups if g["algo"] == baseline]
     unmatched: dict[str, list[str]] = {}
     for g in groups:
@@ -304,11 +274,13 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
         g["time_to_target"] = {k: stat(t[k] for t in reached) for k in TIMES}
         g["time_to_target"].update(reached=len(reached), n=len(g["runs"]))
         base, diff = baseline_for(g, candidates)
-        per_seed = efficiencies(g, base, curve)
+        per_seed = efficiencies(g, base, efficiency)
         for r in g["runs"]:
             r["temporal_efficiency"] = per_seed.get(r["seed"])
         g["temporal_efficiency"] = {**stat(per_seed.values()), "baseline_group": base["label"], "differs_in": diff,
                                     "unpaired_seeds": [r["seed"] for r in g["runs"] if r["seed"] not in per_seed]}
+        if beside is not None:   # the central variant beside the modelled one
+            g["temporal_efficiency_central"] = stat(efficiencies(g, base, beside).values())
         if diff:
             unmatched.setdefault(", ".join(diff), []).append(g["label"])
         if g["temporal_efficiency"]["unpaired_seeds"]:
@@ -329,17 +301,21 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
                      "rule": ("the default: sgd when present, else the first algorithm in the order of "
                               "`stalegrad algorithms`") if base_default else
                              f"given in {given_in}" if given_in else "given with --baseline"},
-        "variant": {"requested": variant, "used": used, "f": described, "note": variant_note},
+        "variant": {"requested": variant, "used": used, "f": described, "note": variant_note,
+                    **({"time_model": modelled} if modelled is not None else {})},
         "groups": [{**{k: g[k] for k in ("label", "algo", "final_test_acc", "best_test_acc", "time_to_target",
                                          "temporal_efficiency", "tau_mean", "tau_max", "nonfinite_skipped",
                                          "diverged")},
+                    **({"temporal_efficiency_central": g["temporal_efficiency_central"]}
+                       if "temporal_efficiency_central" in g else {}),
+                    **({"modelled": g["modelled"]} if "modelled" in g else {}),
                     "config": g["key"], "seeds": [r["seed"] for r in g["runs"]],
                     "runs": [{"dir": str(r["dir"]), "seed": r["seed"],
                               **{k: r["summary"].get(k) for k in ("final_test_acc", "best_test_acc", "diverged")},
                               "time_to_target": r["time_to_target"], "temporal_efficiency": r["temporal_efficiency"]}
                              for r in g["runs"]]} for g in groups],
         "lr_sweep": _lr_sweeps(groups, axes),
-        "protocol": analyse_protocol(groups, protocol, baseline, curve, temporal_efficiency),   # report_protocol.py
+        "protocol": analyse_protocol(groups, protocol, baseline, efficiency, beside),   # report_protocol.py
         "heatmap_axes": list(heat_axes) if heat_axes else None,
         "notes": notes,
         "skipped_runs": [{"dir": str(d), "reason": reason} for d, reason in skipped],
@@ -348,12 +324,14 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
 
 
 def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None,
-                 on_skip=None, given_in=None, protocol=None) -> Path:
+                 on_skip=None, given_in=None, protocol=None, time_model=None) -> Path:
     """Write report.md, report.json and the plots for ``run_dirs`` into ``out_dir``; return report.md's path.
 
     ``target``: the test accuracy for the time-to-target table (default 0.9 x the best group's mean best
     accuracy); ``baseline``: the algorithm of the temporal efficiency (default sgd if present, else the
-    first in ``ALGORITHMS`` order); ``variant``: ``central`` or ``workers``; ``heatmap``: ``"X,Y"``, the
+    first in ``ALGORITHMS`` order); ``variant``: ``central``, ``workers`` or ``workers-modelled`` (with
+    ``time_model``, the path of a time-model file: report_time.py; the central variant is shown beside
+    it); ``heatmap``: ``"X,Y"``, the
     heat map's two axes; ``given_in``: where ``target`` and ``baseline`` came from, for the report's
     words (default: the options --target and --baseline); ``on_skip(dir, reason)``: called for each damaged run that is left out (the
     report's notes and ``skipped_runs`` name them too).
@@ -366,7 +344,8 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory")
     report, groups, (heat_axes, heat_why) = analyse(run_dirs, target=target, baseline=baseline, variant=variant,
-                                                    heatmap=heatmap, given_in=given_in, protocol=protocol)
+                                                    heatmap=heatmap, given_in=given_in, protocol=protocol,
+                                                    time_model=time_model)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

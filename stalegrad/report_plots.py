@@ -325,9 +325,25 @@ def render(rep: dict) -> str:
             f"{v['f']}. Each run against the {base} run of the same seed; E > 1: higher sooner than {base}.", ""]
     if v["note"]:
         out += [f"**Asked for the {v['requested']} variant:** {v['note']}.", ""]
-    out += _table(["group", "E", "against"],
-                  [[g["label"], cell(g["temporal_efficiency"]), g["temporal_efficiency"]["baseline_group"]]
-                   for g in groups])
+    tm = v.get("time_model")
+    if tm is not None and v["used"] == "workers-modelled":
+        prov = tm.get("provenance") or {}
+        said = "; ".join(f"{k}: {prov[k]}" for k in ("command", "machine", "date", "load") if prov.get(k))
+        out += [f"**Modelled time** ({tm['formula']}): V the message's virtual time, W its local steps, step_s "
+                "and commit_s the measured seconds of one local step and of one commit's communication (pull, "
+                f"push, the server) of its algorithm, from `{tm['file']}`" + (f" ({said})" if said else "") +
+                ". The simulated order of messages (and staleness) is kept; each run's axis is stretched by its "
+                "algorithm's seconds per virtual second. Column 'E central' is the central variant (the central "
+                "model's test accuracy over virtual time), beside it.", ""]
+        out += _table(["group", "W", "step s", "commit s", "s per commit", "E (modelled)", "E central", "against"],
+                      [[g["label"], str(g["modelled"]["window"]), f"{g['modelled']['step_s']:.5f}",
+                        f"{g['modelled']['commit_s']:.5f}", f"{g['modelled']['seconds_per_commit']:.4f}",
+                        cell(g["temporal_efficiency"]), cell(g["temporal_efficiency_central"]),
+                        g["temporal_efficiency"]["baseline_group"]] for g in groups])
+    else:
+        out += _table(["group", "E", "against"],
+                      [[g["label"], cell(g["temporal_efficiency"]), g["temporal_efficiency"]["baseline_group"]]
+                       for g in groups])
     out += ["## Staleness and NaN/Inf updates", ""] + _table(
         ["group", "tau mean", "tau max", "NaN/Inf updates skipped", "diverged runs"],
         [[g["label"], cell(g["tau_mean"], ".2f"), cell(g["tau_max"], ".1f"), cell(g["nonfinite_skipped"], ".1f"),

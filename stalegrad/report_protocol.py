@@ -91,8 +91,10 @@ def _seed_values(group: dict, key: str, seeds) -> dict:
     return {r["seed"]: r["summary"].get(key) for r in group["runs"] if r["seed"] in seeds}
 
 
-def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, curve, temporal_efficiency) -> dict:
-    """The protocol section of report.json (see the module docstring)."""
+def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, efficiency, beside=None) -> dict:
+    """The protocol section of report.json (see the module docstring). ``efficiency(run_a, run_b)``: the
+    temporal efficiency of the report's variant; ``beside``: the central variant's, given a second
+    figure ("temporal efficiency (central)") beside each, or None."""
     from .selection import cell_key
     spec = check_spec(dict(spec or {}), "the protocol")
     seeds = sorted({r["seed"] for g in groups for r in g["runs"]})
@@ -140,7 +142,7 @@ def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, curve
         [(a, baseline) for a in algos if a != baseline]
     closure = spec.get("closure") or (["asgd", "sgd"] if {"asgd", "sgd"} <= set(algos) else None)
     shown = {k for g in groups for k in g["key"] if len({repr(h["key"].get(k)) for h in groups}) > 1} - {"algo"}
-    figures = _figures(chosen, claims, closure, rep, curve, temporal_efficiency, shown)
+    figures = _figures(chosen, claims, closure, rep, efficiency, beside, shown)
     for e in (p["entry"] for p in picks):
         e["where"] = _where(e["cell"], shown)
     return {"statistic": f"mean {stat} over the selection seeds", "selected_on": "validation" if has_val else "TEST",
@@ -167,7 +169,7 @@ def _match(x: dict, algo: str, chosen: list[dict]) -> dict | None:
     return next((c for c in chosen if c["algo"] == algo and _context(x, c) == _context(c, x)), None)
 
 
-def _figures(chosen, claims, closure, rep, curve, temporal_efficiency, shown) -> list[dict]:
+def _figures(chosen, claims, closure, rep, efficiency, beside, shown) -> list[dict]:
     """Every derived figure with its interval and verdict, per cell of the first algorithm of a claim."""
     out = []
     for a_name, b_name in claims:
@@ -181,11 +183,13 @@ def _figures(chosen, claims, closure, rep, curve, temporal_efficiency, shown) ->
                         **iv, "null": 0.0, "verdict": verdict(iv["lo"], iv["hi"], 0.0), "seeds": seeds})
             ta = {r["seed"]: r for r in a["_g"]["runs"]}
             tb = {r["seed"]: r for r in b["_g"]["runs"]}
-            te = [temporal_efficiency(curve(ta[s]), curve(tb[s])) for s in seeds]
-            iv = t_interval(te)
-            out.append({"kind": "temporal efficiency", "claim": f"{a_name} reaches higher accuracy sooner than {b_name} "
-                        "(E > 1)", "where": _where(a["cell"], shown), **iv, "null": 1.0,
-                        "verdict": verdict(iv["lo"], iv["hi"], 1.0), "seeds": seeds})
+            for kind, fn in (("temporal efficiency", efficiency), ("temporal efficiency (central)", beside)):
+                if fn is None:
+                    continue
+                iv = t_interval([fn(ta[s], tb[s]) for s in seeds])
+                out.append({"kind": kind, "claim": f"{a_name} reaches higher accuracy sooner than {b_name} "
+                            f"(E > 1{', central variant' if fn is beside else ''})", "where": _where(a["cell"], shown),
+                            **iv, "null": 1.0, "verdict": verdict(iv["lo"], iv["hi"], 1.0), "seeds": seeds})
     if closure:
         lo_name, hi_name = closure
         for x in (c for c in chosen if c["algo"] not in closure):

@@ -23,9 +23,16 @@ class _Failed(click.ClickException):
 @click.option("--baseline", default=None,
               help="algorithm of the temporal efficiency  [default: sgd if present, else the first algorithm in the "
                    "order of 'stalegrad algorithms']")
-@click.option("--variant", type=click.Choice(["central", "workers"]), default="central", show_default=True,
-              help="temporal efficiency of the central model's test accuracy over virtual time, or of the "
-                   "workers' training accuracy over real time (needs messages.jsonl, stalegrad >= 0.3)")
+@click.option("--variant", type=click.Choice(["central", "workers", "workers-modelled"]), default=None,
+              help="temporal efficiency of the central model's test accuracy over virtual time, of the workers' "
+                   "training accuracy over the simulator's real time, or of the workers' training accuracy over "
+                   "modelled cluster time (--time-model; the central variant is shown beside it); the workers "
+                   "variants need messages.jsonl (stalegrad >= 0.3)  [default: workers-modelled with "
+                   "--time-model, else central]")
+@click.option("--time-model", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
+              help="measured seconds per local step and per commit of each algorithm (benchmarks/throughput.py "
+                   "writes one): a message at virtual time V of a run with W local steps per message is put at "
+                   "T = V x (step_s x W + commit_s) / (step_time x W) seconds")
 @click.option("--heatmap", default=None, metavar="X,Y",
               help="the heat map's two settings  [default: workers,window if both vary, else the two with most values]")
 @click.option("--select-seeds", default=None, metavar="SEEDS",
@@ -40,13 +47,18 @@ class _Failed(click.ClickException):
 @click.option("--closure", default=None, metavar="LOW,HIGH",
               help="the gap closure (acc - acc_LOW) / (acc_HIGH - acc_LOW) of the other algorithms  [default: "
                    "asgd,sgd when both ran]")
-def report(dirs, out, target, baseline, variant, heatmap, select_seeds, report_seeds, tune, claims, closure):
+def report(dirs, out, target, baseline, variant, time_model, heatmap, select_seeds, report_seeds, tune, claims,
+           closure):
     """Which algorithm, under which staleness, reaches which accuracy, how fast: tables and plots over seeds.
 
     The protocol section selects, per algorithm and cell, the --tune settings with the highest mean final
     validation accuracy over --select-seeds (runs made with --val-split; without one it selects on test
     accuracy and says that this is not a valid protocol), reports their test accuracy on --report-seeds
     with 95% intervals, tests the claims (--compare, --closure) and warns of selected values at a grid edge.
+
+    Temporal efficiency (Hermans et al.): with --time-model, the workers' training accuracy over modelled
+    cluster time, in which each algorithm runs at its measured cost (seconds per local step and per commit),
+    beside the central model's test accuracy over virtual time (equal speed for every algorithm).
 
     Each DIR is a run directory or holds run directories at any depth. Runs that differ only by
     their seed form one group; every cell is mean ± std over seeds (number of seeds). A damaged run
@@ -65,8 +77,10 @@ def report(dirs, out, target, baseline, variant, heatmap, select_seeds, report_s
                                   "tune": names(tune), "compare": names(claims), "closure": names(closure)}.items()
                 if v is not None}
     try:
+        if variant is None:
+            variant = "workers-modelled" if time_model is not None else "central"
         path = write_report(list(dirs), out, target=target, baseline=baseline, variant=variant, heatmap=heatmap,
-                            on_skip=skipped, protocol=protocol)
+                            on_skip=skipped, protocol=protocol, time_model=time_model)
     except StalegradError as e:
         raise _Failed(e) from None
     click.echo(f"wrote {path}")
