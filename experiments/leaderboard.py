@@ -1,7 +1,7 @@
 """The leaderboard of issue 20, from its protocol grids:
 ``python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md``.
 
-ROOT holds the seven ``stalegrad grid`` directories of ``experiments/leaderboard.sh`` (or any grids with a
+ROOT holds the eight ``stalegrad grid`` directories of ``experiments/leaderboard.sh`` (or any grids with a
 ``[protocol]`` table). A grid is *finished* when grid.json has no cell pending, running, interrupted or
 waiting for stage 2 and ``report/report.json`` holds a protocol selected on validation accuracy; the
 others are skipped and named on the page. From each finished grid's report this script takes, per
@@ -43,7 +43,11 @@ from pathlib import Path
 
 from stalegrad.stats import HOLDS, INCONCLUSIVE, t_interval, verdict
 
-GRIDS = ("grad_asgd", "grad_sgd", "grad_dana", "grad_sasgd", "commit_agn", "commit_outer", "commit_downpour")
+GRIDS = ("grad_asgd", "grad_sgd", "grad_dana", "grad_gap", "grad_sasgd", "commit_agn", "commit_outer",
+         "commit_downpour")
+# A method whose rate range moved to a grid of its own (the protocol's no-edge rule): only that grid's rows
+# count; its first sweep stays on disk and is named on the page.
+OWNER = {"gap-aware": "grad_gap"}
 ERA = {"sgd": "baseline", "ssgd": "baseline", "asgd": "baseline", "dcasgd-c": "2017", "dcasgd-a": "2017",
        "sasgd": "later", "gap-aware": "later", "dana-zero": "later", "dana-dc": "later",
        "aeasgd": "baseline", "dynsgd": "baseline", "downpour": "baseline", "agn": "2017",
@@ -118,6 +122,11 @@ def entries(grid: str, report: dict) -> list[dict]:
                     "acc": {r["seed"]: num(r["final_test_acc"]) for r in runs},
                     "ttt": {r["seed"]: (r.get("time_to_target") or {}).get("virtual_s") for r in runs}})
     return out
+
+
+def rows_of(reports: dict) -> list[dict]:
+    """Every selection of every finished grid, but a method's rows only from its OWNER grid, if it has one."""
+    return [e for name, r in reports.items() for e in entries(name, r) if OWNER.get(e["algo"], name) == name]
 
 
 def family(e: dict) -> str:
@@ -321,8 +330,8 @@ def plot(by_cell: dict, path: Path) -> bool:
 
 # ---------------------------------------------------------------- the page
 
-def page(reports: dict, skipped: list, plot_name: str | None) -> list[str]:
-    rows = [e for name, r in reports.items() for e in entries(name, r)]
+def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] | None = None) -> list[str]:
+    rows = rows_of(reports)
     by_cell = cells(rows)
     runs = sum(r["compared"]["runs"] for r in reports.values())
     seeds = sorted({s for r in reports.values() for s in r["protocol"]["report_seeds"]})
@@ -332,7 +341,7 @@ def page(reports: dict, skipped: list, plot_name: str | None) -> list[str]:
         tried.setdefault(e["algo"], set()).add(e["tried"])
     counts = ", ".join(f"`{n}` ({r['compared']['runs']})" for n, r in reports.items())
     out = ["# Leaderboard: every rule, tuned alike (issue 20)", "",
-           "```sh", "sh experiments/leaderboard.sh     # the seven grids, then this page:",
+           "```sh", "sh experiments/leaderboard.sh     # the eight grids, then this page:",
            "python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md", "```", "",
            f"{len(reports)} grid(s), {runs} runs: {counts}."]
     if skipped:
@@ -351,7 +360,9 @@ def page(reports: dict, skipped: list, plot_name: str | None) -> list[str]:
             "first reaches the grid's `[report] target`, interpolated between the two evaluations around it (one "
             "evaluation an epoch); a mean only when every reporting seed reached it, else \"k of n reached\" and "
             "their times. Grid edge: the selected rate is the smallest or largest of the method's list (provisional).",
-            "", "## What was cut", "", "- (to be filled in: what each cut of the grids costs)", ""]
+            *[f"`{a}` is taken from `{g}` only (its rate range moved there: see that grid file); its first sweep "
+              f"in another grid is left out." for a, g in OWNER.items() if g in reports],
+            "", "## What was cut", "", *(notes or ["(not given: `--notes FILE`)"]), ""]
     if plot_name:
         out += [f"![final test accuracy against M and n]({plot_name})", ""]
     for fam in ("gradient", "commit"):
@@ -381,13 +392,18 @@ def main(argv=None) -> int:
     ap.add_argument("root", type=Path, help="the directory of the grids (runs/leaderboard), or one grid")
     ap.add_argument("--out", type=Path, required=True, help="the page (its plot: the same name, .png)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--notes", type=Path, help="markdown for the page's 'What was cut' section")
     args = ap.parse_args(argv)
     reports, skipped = load(args.root)
     png = args.out.with_suffix(".png")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    lines = page(reports, skipped, None if args.no_plot else png.name)
+    try:
+        notes = args.notes.read_text().splitlines() if args.notes else None
+    except OSError as e:
+        fail(f"--notes {args.notes}: {e.strerror}")
+    lines = page(reports, skipped, None if args.no_plot else png.name, notes)
     if not args.no_plot:
-        plot(cells([e for n, r in reports.items() for e in entries(n, r)]), png)
+        plot(cells(rows_of(reports)), png)
     args.out.write_text("\n".join(lines) + "\n")
     for n, why in skipped:
         print(f"leaderboard.py: skipped {n}: {why}", file=sys.stderr)

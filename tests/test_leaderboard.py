@@ -216,3 +216,20 @@ def test_the_page_and_the_plot_are_written(tmp_path):
     assert "sh experiments/leaderboard.sh" in text and "## What was cut" in text and "![" in text
     assert f"{3 * 4 + 4 * 4} runs" in text     # the reports' own counts, summed
     assert "## Gradient rules" in text and "## Commit rules" in text and "### window 40, n = 16" in text
+
+
+def test_a_method_moved_to_its_own_grid_counts_only_there(tmp_path):
+    """gap-aware's first sweep (grad_asgd) selected an edge, so its range moved to grad_gap: only grad_gap's
+    row may reach the tables, and the page says where it came from."""
+    write_grid(tmp_path, "grad_asgd", [sel("asgd", {1: 0.80, 2: 0.81, 3: 0.82}),
+                                       sel("gap-aware", {1: 0.50, 2: 0.51, 3: 0.52}, lr=0.3, edge="largest")])
+    write_grid(tmp_path, "grad_gap", [sel("gap-aware", {1: 0.84, 2: 0.85, 3: 0.86}, lr=1.0)])
+    reports, _ = lb.load(tmp_path)
+    rows = lb.rows_of(reports)
+    gap = [e for e in rows if e["algo"] == "gap-aware"]
+    assert [e["grid"] for e in gap] == ["grad_gap"] and gap[0]["acc"] == {1: 0.84, 2: 0.85, 3: 0.86}
+    lines = lb.page(reports, [], None, ["- a cut"])
+    assert any("`gap-aware` is taken from `grad_gap` only" in ln for ln in lines)
+    assert "- a cut" in lines
+    assert not any("0.5100" in ln for ln in lines), "the first sweep's row leaked into a table"
+    assert "0.8500" in line(lines, "| gap-aware")
