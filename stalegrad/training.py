@@ -118,6 +118,9 @@ class TrainingRun:
     def done(self) -> bool:
         return self.samples >= self.sample_budget
 
+    def done_after(self, samples: int) -> bool:
+        return self.samples + samples >= self.sample_budget
+
     @property
     def epoch(self) -> float:
         return self.samples / self.num_samples
@@ -193,8 +196,9 @@ class TrainingRun:
         if self._on_eval is not None:
             self._on_eval(record)
 
-    def checkpoint_due(self) -> bool:
-        return self.checkpoint_path is not None and self.server.version >= self._next_checkpoint
+    def checkpoint_due(self, version: int | None = None) -> bool:
+        version = self.server.version if version is None else version
+        return self.checkpoint_path is not None and version >= self._next_checkpoint
 
     def save_checkpoint(self, runtime_state: dict) -> None:
         """Write the whole state (nothing when the run writes no checkpoints)."""

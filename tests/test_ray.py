@@ -113,6 +113,41 @@ def test_an_asynchronous_run_really_interleaves_and_its_trace_is_exact(tmp_path,
     assert replay.summary["weights_sha256"] == real.summary["weights_sha256"]
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_pull_that_travels_with_the_push_changes_nothing(tmp_path, shards):
+    # issue 19: a worker that starts again at once gets its pull in the push's call (prepare_commit_pull,
+    # commit_pull), except before a checkpoint and at the end of the budget; the run is the one the
+    # simulator replays from the trace, with checkpoints written and evaluations in between
+    path = tmp_path / "trace.csv"
+    kw = dict(workers=3, seed=4, epochs=2, eval_every=0.25, checkpoint_every=5, checkpoint_path=tmp_path / "ck.pt")
+    real = train("dcasgd-a", RayRuntime(ps_shards=shards, record_trace=path), **kw)
+    replay = train("dcasgd-a", Simulator(delay=f"trace:{path}"), **{**kw, "checkpoint_path": tmp_path / "sim.pt"})
+    fused, updates = real.summary["transport"]["pulls_with_push"], real.summary["updates"]
+    assert 0 < fused < updates - updates // 5   # most pulls went with a push; none before a checkpoint
+    assert replay.update_log() == real.update_log()
+    assert replay.summary["weights_sha256"] == real.summary["weights_sha256"]
+
+
+def test_a_pull_goes_with_a_push_only_when_the_worker_starts_again_at_once():
+    class View:   # what relaunch_follows reads
+        def __init__(self, done_after, due):
+            self.done_after = lambda samples: done_after
+            self.checkpoint_due = lambda version=None: due and version == 8
+    algo = sg.make_algorithm("dcasgd-a")
+    d = Driver.__new__(Driver)
+    d.algo, d.live, d.sharded = algo, {0, 1}, type("S", (), {"version": 7})()
+    d.training = View(False, False)
+    assert d.relaunch_follows(0, 16) and not d.relaunch_follows(2, 16)   # (2: a worker lost)
+    d.training = View(True, False)
+    assert not d.relaunch_follows(0, 16)      # the budget is spent: nobody starts again
+    d.training = View(False, True)
+    assert not d.relaunch_follows(0, 16)      # a checkpoint is due once the update applies
+    d.training = View(False, False)
+    for name in ("ssgd", "aeasgd"):           # a synchronous round; an elastic rule pulls after computing
+        d.algo = sg.make_algorithm(name)
+        assert not d.relaunch_follows(0, 16)
+
+
 # ---- checkpoints -------------------------------------------------------------------------------
 StopAfterFirstCheckpoint = stop_after_first_checkpoint(RayRuntime)
 

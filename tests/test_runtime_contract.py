@@ -19,7 +19,7 @@ from stalegrad.training import TrainingRun
 from helpers import Stop, blobs, stop_after_first_checkpoint
 
 TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
-CONTRACT = {"server", "worker_factory", "test_data", "lr", "done", "after_push", "evaluation_due", "checkpoint_due",
+CONTRACT = {"server", "worker_factory", "test_data", "lr", "done", "done_after", "after_push", "evaluation_due", "checkpoint_due",
             "checkpoint_every", "save_checkpoint", "evaluate", "note", "probes"}
 
 

@@ -75,6 +75,10 @@ class Training(Protocol):
     def done(self) -> bool:
         """Whether the sample budget is spent: stop starting messages."""
 
+    def done_after(self, samples: int) -> bool:
+        """Whether ``done`` will hold once ``after_push(samples, ...)`` has counted a message of ``samples``
+        samples (a runtime that fetches a worker's next weights with its push asks first)."""
+
     def after_push(self, samples: int, loss: float, now: float, evaluator: Evaluator | None = None,
                    train_acc: float | None = None) -> None:
         """Count one pushed message of ``samples`` samples, mean loss ``loss`` and training accuracy
@@ -87,8 +91,8 @@ class Training(Protocol):
         state elsewhere (on Ray actors) brings ``server`` up to date first
         (``server.load_state_dict(..., strict=False)``)."""
 
-    def checkpoint_due(self) -> bool:
-        """Whether a periodic checkpoint is due now (after a push)."""
+    def checkpoint_due(self, version: int | None = None) -> bool:
+        """Whether a periodic checkpoint is due now (after a push), or once the server is at ``version``."""
 
     @property
     def checkpoint_every(self) -> int:

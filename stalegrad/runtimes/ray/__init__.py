@@ -51,6 +51,12 @@ from ..base import Training
 from .connect import CONNECT_TIMEOUT, divert_ray_errors, placement_problem, probe, session_logs, split_address
 
 RESTART_TIMEOUT = 10.0
+# The local instance that run() starts passes objects of up to this many bytes (a small model's
+# weights and messages) inside Ray's task messages, not through its shared-memory object store
+# (Ray's default limit is 100 KiB), which costs milliseconds a hop on a small machine
+# (benchmarks/bench_ray.py --small; docs/performance.md, section 6).
+INLINE_BYTES = 1 << 20
+LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_BYTES}
 _PROBED: dict = {}   # address -> (when, what connect.probe read): joined once per run, not per check
 
 INSTALL = "pip install 'stalegrad[ray]'"
@@ -189,6 +195,7 @@ class RayRuntime:
                     if self.address is None:
                         kwargs["num_cpus"] = max(os.cpu_count() or 1,
                                                  int(self.cpus_per_worker * training.server.num_workers))
+                        kwargs["_system_config"] = dict(LOCAL_SYSTEM_CONFIG)
                     started = True
                     # "local": a new instance, never one that RAY_ADDRESS or `ray start` points at
                     ray.init(address="local" if self.address is None else self.address, **kwargs)

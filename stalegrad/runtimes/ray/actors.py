@@ -92,6 +92,17 @@ class ShardActor:
         pending, finite = self.prepare(worker, msg, lr, message_finite)
         return (pending, finite), (self.commit(finite) if pending else False)
 
+    def prepare_commit_pull(self, worker: int, msg: np.ndarray, lr: float, message_finite: bool,
+                            puller: int) -> tuple:
+        """``prepare_commit`` and then ``pull(puller)``, in one call (``num_returns=2``): the driver's next
+        two calls to this shard when it starts the pushing worker again at once. Returns
+        (((pending, finite), applied), puller's weights)."""
+        return self.prepare_commit(worker, msg, lr, message_finite), self.pull(puller)
+
+    def commit_pull(self, apply: bool, puller: int) -> tuple:
+        """``commit`` and then ``pull(puller)``, in one call (``num_returns=2``): the same with K shards."""
+        return self.commit(apply), self.pull(puller)
+
     def prepare_removal(self, worker: int, lr: float) -> tuple[bool, bool]:
         return self._serving().prepare_removal(worker, lr)
 

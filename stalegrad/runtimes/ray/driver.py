@@ -50,6 +50,9 @@ def _restarted(e: BaseException) -> bool:
 
 
 class Driver(Recovery):
+    # the actor classes (a subclass may time them: benchmarks/bench_ray.py --profile)
+    shard_actor, worker_actor = ShardActor, WorkerActor
+
     def __init__(self, runtime, training, resume: dict | None):
         import ray
         self.ray, self.rt, self.training = ray, runtime, training
@@ -69,6 +72,9 @@ class Driver(Recovery):
         self.lost, self.updates_lost, self.pushes = 0, 0, [0] * self.M
         self.push_s: list[float] = []
         self.committed = None   # one shard: the verdict of the commit that prepare_commit already made
+        self.pull_next = None   # the worker whose pull rides with the commit of the push under way
+        self.prefetched = None  # (worker, its pulled slices' refs): that pull, for launch to take
+        self.pulls_with_push = 0
         self.trace = [] if runtime.record_trace is not None else None
         self.snapshot: list[dict] | None = None   # the shards' state at the last checkpoint (or the resumed one)
         self.pools = [self.factory.stream(m).pool for m in range(self.M)]
@@ -81,7 +87,7 @@ class Driver(Recovery):
         ray, rt = self.ray, self.rt
         per_element = self.algo.per_element_state
         parts = split_state(self.server.state_dict(), self.bounds, per_element)
-        shard_cls = ray.remote(num_cpus=0, max_restarts=rt.max_restarts, max_task_retries=0)(ShardActor)
+        shard_cls = ray.remote(num_cpus=0, max_restarts=rt.max_restarts, max_task_retries=0)(self.shard_actor)
         shard_cls = shard_cls.options(**shard_placement(ray, rt.shard_resources))
         self.shards = [shard_cls.remote(self.algo, b - a, self.M, self.server.on_nonfinite) for a, b in self.bounds]
         parts = [to_numpy(p) for p in parts]
@@ -94,7 +100,7 @@ class Driver(Recovery):
         self.sharded.live = set(self.server.live) & self.live
         self.request = {"CPU": rt.cpus_per_worker, "GPU": rt.gpus_per_worker, **(rt.worker_resources or {})}
         self.worker_cls = ray.remote(num_cpus=rt.cpus_per_worker, num_gpus=rt.gpus_per_worker,
-                                     max_restarts=0)(WorkerActor)
+                                     max_restarts=0)(self.worker_actor)
         if rt.worker_resources:
             self.worker_cls = self.worker_cls.options(resources=dict(rt.worker_resources))
         self.blob = self.factory.module_blob()
@@ -129,15 +135,43 @@ class Driver(Recovery):
         if self.K == 1 and method == "commit" and self.committed is not None:
             applied, self.committed = self.committed, None   # (done by prepare_commit with the prepare)
             return [applied]
+        if self.prefetched is not None:   # only launch's pull (or an evaluation's state) may follow it
+            worker, refs = self.prefetched
+            if method == "pull" and args[0][0] == worker:
+                self.prefetched = None
+                self.pulls_with_push += 1
+                return refs        # (made by the shards right after the commit: see push)
+            if method != "state":
+                raise RuntimeError(f"the shards pulled for worker {worker} with its push, but the next call "
+                                   f"is {method}{tuple(args[0])}: the shards' call order would differ")
         self.committed = None
         fused = self.K == 1 and method == "prepare"   # one shard: prepare and commit in one round trip
-        refs = [getattr(s, "prepare_commit" if fused else method).remote(*a) for s, a in zip(self.shards, args)]
+        name = "prepare_commit" if fused else method
+        if self.pull_next is not None and name in ("prepare_commit", "commit"):
+            # ... and the pull that launch would send next, in the same call (its second return)
+            pairs = [getattr(s, name + "_pull").options(num_returns=2).remote(*a, self.pull_next)
+                     for s, a in zip(self.shards, args)]
+            refs = [p[0] for p in pairs]
+            self.prefetched, self.pull_next = (self.pull_next, [p[1] for p in pairs]), None
+        else:
+            refs = [getattr(s, name).remote(*a) for s, a in zip(self.shards, args)]
         if method == "pull":
             return refs            # handed to the worker: the object store moves them, not the driver
         try:
-            if fused:
-                prepared, self.committed = self.ray.get(refs[0])
-                return [prepared]
+            answers = self._get(refs)
+        except BaseException:
+            if self.prefetched is not None:   # (a failed push: nobody takes that pull)
+                self.settle(self.prefetched[1], timeout=1.0)
+                self.prefetched = None
+            raise
+        if fused:
+            prepared, self.committed = answers[0]
+            return [prepared]
+        return answers
+
+    def _get(self, refs: list) -> list:
+        """The shards' answers, with their failures as ``NonFiniteError`` or ``ShardLost``."""
+        try:
             return self.ray.get(refs)
         except self.ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, NonFiniteError):
@@ -221,14 +255,27 @@ class Driver(Recovery):
             raise RunError(f"worker {m} failed: {str(e.cause).splitlines()[0] if e.cause else e}") from None
         return m, meta, slices
 
-    def push(self, m: int, meta: tuple, slices: list) -> None:
-        """Push worker m's message to the shards, record it and account for it (evaluating when due)."""
+    def relaunch_follows(self, m: int, samples: int) -> bool:
+        """Whether, once this message of worker m is pushed, the next call to the shards is m's pull
+        (``on_message``: an asynchronous rule that pulls before computing, with the budget not spent and
+        no checkpoint due after the push, even if the update applies)."""
+        algo, training = self.algo, self.training
+        return (algo.pull_before_compute and not algo.synchronous and m in self.live
+                and not training.done_after(samples) and not training.checkpoint_due(self.sharded.version + 1))
+
+    def push(self, m: int, meta: tuple, slices: list, relaunch: bool = False) -> None:
+        """Push worker m's message to the shards, record it and account for it (evaluating when due);
+        ``relaunch``: m starts again right after, so its pull travels with the push (one round trip)."""
         loss, samples, finite, train_acc = meta
         training, sharded = self.training, self.sharded
         now = time.perf_counter() - self.t0
         pulled, version = sharded.pulled_version[m], sharded.version
         t = time.perf_counter()
-        sharded.push(m, slices, training.lr, finite)
+        self.pull_next = m if relaunch and self.relaunch_follows(m, samples) else None
+        try:
+            sharded.push(m, slices, training.lr, finite)
+        finally:
+            self.pull_next = None
         self.held = None   # (no reference left to a message on a worker's node: its loss is nothing to recover)
         self.push_s.append(time.perf_counter() - t)
         self.server.version = sharded.version   # the training run's clock: checkpoint_due() reads it
@@ -241,7 +288,7 @@ class Driver(Recovery):
 
     def on_message(self, m: int, meta: tuple, slices: list) -> None:
         training = self.training
-        self.push(m, meta, slices)
+        self.push(m, meta, slices, relaunch=True)
         if training.checkpoint_due() and not training.done:
             self.checkpoint(also_running=m)
             return
@@ -331,5 +378,6 @@ class Driver(Recovery):
         transport = {"push_ms_median": round(1000 * s[len(s) // 2], 4) if s else None,
                      "push_ms_p90": round(1000 * s[int(0.9 * len(s))], 4) if s else None,
                      "weight_bytes_per_message": 2 * 4 * int(self.server.w.numel()),
+                     "pulls_with_push": self.pulls_with_push,
                      "shards": self.K}
         self.training.note(workers_lost=self.lost, updates_lost=self.updates_lost, transport=transport)

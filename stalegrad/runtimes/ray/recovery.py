@@ -41,8 +41,9 @@ class Recovery:
                   f"at update {self.sharded.version} ({before - self.sharded.version} updates lost)")
         # messages computed on weights the server no longer has (fetched, so that Ray does not
         # report their errors as unhandled)
-        self.settle([r for ref, (_, slices, _, pulled) in self.futures.items() for r in (ref, *slices, *pulled)],
-                    timeout=self.rt.restart_timeout)
+        self.settle([r for ref, (_, slices, _, pulled) in self.futures.items() for r in (ref, *slices, *pulled)]
+                    + (self.prefetched[1] if self.prefetched else []), timeout=self.rt.restart_timeout)
+        self.prefetched = None
         self.futures.clear()
         self.parked = []
         if launch and not self.training.done:
