@@ -342,7 +342,7 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
     counts = ", ".join(f"`{n}` ({r['compared']['runs']})" for n, r in reports.items())
     out = ["# Leaderboard: every rule, tuned alike (issue 20)", "",
            "```sh", "sh experiments/leaderboard.sh     # the eight grids, then this page:",
-           "python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md", "```", "",
+           "python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md \\", "  --notes experiments/leaderboard_cuts.md", "```", "",
            f"{len(reports)} grid(s), {runs} runs: {counts}."]
     if skipped:
         out += ["", "**Not included** (unfinished): " + "; ".join(f"`{n}`: {w}" for n, w in skipped) + "."]
