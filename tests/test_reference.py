@@ -85,6 +85,38 @@ def test_round_robin_commit_rules_match_the_reference(name):
     np.testing.assert_allclose(res.weights.double().numpy(), w, rtol=1e-4, atol=1e-5)
 
 
+
+def test_round_robin_aeasgd_matches_dist_keras_worker_loop():
+    """dist-keras' AEASGDWorker.optimize (the thesis's Algorithm algo:aeasgd_worker): the worker keeps its own
+    weights and its local optimizer's state across exchanges (Keras' set_weights leaves the optimizer alone);
+    after its window it pulls the centre *then*, E = rho*learning_rate*(x - c), x <- x - E, commit E, and the
+    server adds E. The local optimizer here is Adam in torch's form (dist-keras ran Keras' Adam, whose epsilon
+    sits outside the bias correction: a difference of order 1e-8 in the denominator, not reproduced)."""
+    M, window, lr, rho, elastic_lr = 3, 4, 0.01, 5.0, 0.01
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    alpha = rho * elastic_lr
+    res, c, streams = library_run(sg.make_algorithm("aeasgd", window=window, local_opt="adam", rho=rho,
+                                                    elastic_lr=elastic_lr), M, lr=lr)
+    x = [c.copy() for _ in range(M)]                 # every worker starts from the centre
+    mom = [np.zeros_like(c) for _ in range(M)]
+    var = [np.zeros_like(c) for _ in range(M)]
+    steps = [0] * M
+    for k in range(res.summary["updates"]):
+        m = k % M
+        for _ in range(window):                      # the local optimizer, never reset
+            g = grad(x[m], streams[m].next().numpy())
+            steps[m] += 1
+            mom[m] = b1 * mom[m] + (1 - b1) * g
+            var[m] = b2 * var[m] + (1 - b2) * g * g
+            denom = np.sqrt(var[m] / (1 - b2 ** steps[m])) + eps
+            x[m] = x[m] - lr / (1 - b1 ** steps[m]) * mom[m] / denom
+        e = alpha * (x[m] - c)                       # the centre as pulled after the window
+        x[m] = x[m] - e
+        c = c + e
+    assert res.summary["updates"] >= 2 * M
+    np.testing.assert_allclose(res.weights.double().numpy(), c, rtol=1e-4, atol=1e-5)
+
+
 # ---- the rules after 2017, each from its paper's equations ---------------------------------------
 def test_round_robin_staleness_and_gap_rules_match_the_reference():
     M, lr, beta, eps = 4, 0.1, 0.999, 1e-8
