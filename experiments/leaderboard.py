@@ -1,7 +1,7 @@
 """The leaderboard of issue 20, from its protocol grids:
 ``python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md``.
 
-ROOT holds the eight ``stalegrad grid`` directories of ``experiments/leaderboard.sh`` (or any grids with a
+ROOT holds the nine ``stalegrad grid`` directories of ``experiments/leaderboard.sh`` (or any grids with a
 ``[protocol]`` table). A grid is *finished* when grid.json has no cell pending, running, interrupted or
 waiting for stage 2 and ``report/report.json`` holds a protocol selected on validation accuracy; the
 others are skipped and named on the page. From each finished grid's report this script takes, per
@@ -43,17 +43,20 @@ from pathlib import Path
 
 from stalegrad.stats import HOLDS, INCONCLUSIVE, t_interval, verdict
 
-GRIDS = ("grad_asgd", "grad_sgd", "grad_dana", "grad_gap", "grad_sasgd", "commit_agn", "commit_outer",
+GRIDS = ("grad_asgd", "grad_sgd", "grad_dana", "grad_momentum", "grad_gap", "grad_sasgd", "commit_agn", "commit_outer",
          "commit_downpour")
 # A method whose rate range moved to a grid of its own (the protocol's no-edge rule): only that grid's rows
 # count; its first sweep stays on disk and is named on the page.
 OWNER = {"gap-aware": "grad_gap"}
-ERA = {"sgd": "baseline", "ssgd": "baseline", "asgd": "baseline", "dcasgd-c": "2017", "dcasgd-a": "2017",
+ERA = {"sgd": "baseline", "ssgd": "baseline", "asgd": "baseline", "asgd-momentum": "baseline", "dcasgd-c": "2017", "dcasgd-a": "2017",
        "sasgd": "later", "gap-aware": "later", "dana-zero": "later", "dana-dc": "later",
        "aeasgd": "baseline", "dynsgd": "baseline", "downpour": "baseline", "agn": "2017",
        "async-local-sgd": "later", "diloco": "later"}
 PAPER_BASELINES = {"dcasgd-c": ("sgd", "ssgd", "asgd"), "dcasgd-a": ("sgd", "ssgd", "asgd"),
                    "agn": ("aeasgd", "dynsgd", "downpour")}
+# A later rule against the same update without its staleness treatment: what the treatment itself adds.
+CONTROLS = {"sasgd": ("asgd",), "gap-aware": ("asgd",), "dana-zero": ("asgd-momentum",),
+            "dana-dc": ("asgd-momentum", "dana-zero")}
 COMMIT = ("agn", "aeasgd", "dynsgd", "downpour", "easgd", "async-local-sgd", "diloco")
 SHARED = ("dataset", "model", "epochs", "batch_size", "partition", "val_split", "val_split_seed", "lr_milestones",
           "lr_gamma", "init", "local_opt", "hidden", "train_samples", "test_samples", "step_time", "eval_every")
@@ -247,6 +250,12 @@ def claim(where: str, a: dict, b: dict) -> list[str]:
             iv(d) + f", seeds {', '.join(map(str, d['seeds']))}", verdict(d["lo"], d["hi"], 0.0)]
 
 
+def controlled(where: str, es: list[dict]) -> list[list[str]]:
+    """Each later rule against its CONTROLS in the cell (the same update without the staleness treatment)."""
+    by = {e["algo"]: e for e in es}
+    return [claim(where, by[a], by[c]) for a in CONTROLS if a in by for c in CONTROLS[a] if c in by]
+
+
 def who_wins(key: tuple, es: list[dict]) -> tuple[list[str], list[list[str]], list[list[str]]]:
     """One cell: (the winner's row, the 2017 method against the best later one, against its paper's baselines)."""
     where = cell_name(key)
@@ -341,7 +350,7 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
         tried.setdefault(e["algo"], set()).add(e["tried"])
     counts = ", ".join(f"`{n}` ({r['compared']['runs']})" for n, r in reports.items())
     out = ["# Leaderboard: every rule, tuned alike (issue 20)", "",
-           "```sh", "sh experiments/leaderboard.sh     # the eight grids, then this page:",
+           "```sh", "sh experiments/leaderboard.sh     # the nine grids, then this page:",
            "python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md \\", "  --notes experiments/leaderboard_cuts.md", "```", "",
            f"{len(reports)} grid(s), {runs} runs: {counts}."]
     if skipped:
@@ -370,13 +379,14 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
         if not keys:
             continue
         out += [f"## {'Gradient' if fam == 'gradient' else 'Commit'} rules", ""]
-        wins, later, papers = [], [], []
+        wins, later, papers, controls = [], [], [], []
         for k in keys:
             out += [f"### {cell_name(k)}", "", *cell_table(by_cell[k])]
             w, lt, pp = who_wins(k, by_cell[k])
             wins.append(w)
             later += lt
             papers += pp
+            controls += [] if mismatch(by_cell[k]) else controlled(cell_name(k), by_cell[k])
         out += ["### Who wins", "", *table(wins, ["cell", "best (mean test acc)", "not separable from it (paired "
                                                   "interval holds 0)", "2017 vs later (chosen on validation)"])]
         out += ["2017 method against the best later method (both chosen by validation score in the cell):", "",
@@ -384,6 +394,11 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
                 f"Summary: {tally(later)}.", "", "2017 method against its own paper's baselines:", "",
                 *table(papers, ["cell", "claim", "difference [95% t] (n), seeds", "verdict"]),
                 f"Summary: {tally(papers)}.", ""]
+        if controls:
+            out += ["Each later rule against the same update without its staleness treatment (sasgd, gap-aware: "
+                    "asgd; DANA: asgd with the same server momentum, and DANA-DC also against DANA-Zero):", "",
+                    *table(controls, ["cell", "claim", "difference [95% t] (n), seeds", "verdict"]),
+                    f"Summary: {tally(controls)}.", ""]
     return out
 
 

@@ -233,3 +233,14 @@ def test_a_method_moved_to_its_own_grid_counts_only_there(tmp_path):
     assert "- a cut" in lines
     assert not any("0.5100" in ln for ln in lines), "the first sweep's row leaked into a table"
     assert "0.8500" in line(lines, "| gap-aware")
+
+
+def test_a_later_rule_is_set_against_its_control(tmp_path):
+    """DANA against asgd with the same momentum (a grid's arm), paired by seed, with the hand interval."""
+    write_grid(tmp_path, "grad_dana", [sel("dana-zero", {1: 0.85, 2: 0.86, 3: 0.84}, lr=0.01)])
+    write_grid(tmp_path, "grad_momentum", [sel("asgd-momentum", {1: 0.84, 2: 0.84, 3: 0.845}, lr=0.01)])
+    reports, _ = lb.load(tmp_path)
+    lines = lb.page(reports, [], None)
+    row = line(lines, "dana-zero more accurate than asgd-momentum")
+    mean, lo, hi = hand_interval([0.85 - 0.84, 0.86 - 0.84, 0.84 - 0.845])
+    assert shown(mean, lo, hi) in row and "inconclusive" in row
