@@ -117,7 +117,7 @@ def test_every_experiment_file_validates(path, run):
                 "dcasgd_decisive_cut": 560, "agn_decisive_cut": 560,
                 # issue 20's leaderboard: 4 seeds x algos x 4 M x 4 lr x 2 delays (sgd: its 1 worker instead of
                 # the 4 M); 4 seeds x algos x 3 n x 2 windows x 3 lr
-                "leaderboard_grad_asgd": 4 * 4 * 4 * 4 * 2, "leaderboard_grad_sgd": 4 * (1 + 4) * 4 * 2,
+                "leaderboard_grad_asgd": 4 * 4 * 4 * 5 * 2, "leaderboard_grad_sgd": 4 * (1 + 4) * 4 * 2,
                 "leaderboard_grad_dana": 4 * 2 * 4 * 4 * 2, "leaderboard_grad_gap": 4 * 4 * 4 * 2,
                 "leaderboard_grad_sasgd": 4 * 4 * 4 * 2, "leaderboard_commit_agn": 4 * 2 * 3 * 2 * 3,
                 "leaderboard_commit_outer": 4 * 3 * 3 * 2 * 3, "leaderboard_commit_downpour": 4 * 3 * 2 * 3,
