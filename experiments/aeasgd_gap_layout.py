@@ -3,8 +3,12 @@ examples/mnist_preprocessing.ipynb (the training set and 10 copies of it, unionA
 n partitions. Each 'epoch' is one pass over the 11 copies, so E epochs = 11*E MNIST epochs.
 usage: python experiments/aeasgd_gap_layout.py ALGO EPOCHS_OVER_11X OUT.json [DATA_DIR]
 (docs/results/aeasgd_gap.md; n = 40, window 40, the small mlp, round-robin, seed 1)"""
-import json, sys, time
+import json
+import sys
+import time
+
 import torch
+
 import stalegrad as sg
 from stalegrad.data import load_pair
 from stalegrad.data.dataset import Dataset
