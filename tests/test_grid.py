@@ -119,8 +119,8 @@ def test_every_experiment_file_validates(path, run):
                 # the 4 M); 4 seeds x algos x 3 n x 2 windows x 3 lr
                 "leaderboard_grad_asgd": 4 * 4 * 4 * 5 * 2, "leaderboard_grad_sgd": 4 * (1 + 4) * 4 * 2,
                 "leaderboard_grad_dana": 4 * 2 * 4 * 5 * 2, "leaderboard_grad_gap": 4 * 4 * 4 * 2,
-                "leaderboard_grad_sasgd": 4 * 4 * 4 * 2, "leaderboard_commit_agn": 4 * 2 * 3 * 2 * 4,
-                "leaderboard_commit_outer": 4 * 3 * 3 * 2 * 3, "leaderboard_commit_downpour": 4 * 3 * 2 * 3,
+                "leaderboard_grad_sasgd": 4 * 4 * 4 * 2, "leaderboard_grad_momentum": 4 * 4 * 5 * 2, "leaderboard_commit_agn": 4 * 2 * 3 * 2 * 4,
+                "leaderboard_commit_outer": 4 * 3 * 3 * 2 * 4, "leaderboard_commit_downpour": 4 * 3 * 2 * 3,
                 # issue 18's modelled temporal efficiency: 5 seeds x 2 algos x 2 windows x 2 lr
                 "te_modelled_demo": 5 * 2 * 2 * 2}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
