@@ -16,7 +16,7 @@ the grids side by side:
   never averaged away.
 - **Time to target**: the simulator's virtual seconds at which the central model's test accuracy first
   reaches the grid's ``[report] target`` (interpolated linearly between the two evaluations around it:
-  ``stalegrad.report.time_to_target``, the per-run figure of report.json). The mean and its t interval
+  ``stalegrad.report_curves.time_to_target``, the per-run figure of report.json). The mean and its t interval
   only when every reporting seed reached the target; otherwise "k of n reached" and the times of those
   that did, no mean.
 - **Pairing.** A reporting seed fixes the initial weights, the shards, the mini-batch order and the

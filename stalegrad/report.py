@@ -15,8 +15,8 @@ from .errors import UsageError
 from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
 from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
 from .report_protocol import analyse_protocol, render_protocol
-from .report_curves import (TIMES, WINDOW_S, central_curve, efficiencies, logs_train_acc,  # noqa: F401
-                            pair_efficiency, time_to_target, workers_curve)
+from .report_curves import (TIMES, WINDOW_S, central_curve, efficiencies, logs_train_acc, pair_efficiency,
+                            time_to_target)
 from .report_time import MESSAGES_PER_WINDOW, WINDOWS, load_time_model, seconds_per_virtual_second, summarise
 from .results import DamagedRun, atomic_write, flat_config, read_run, write_json
 

@@ -79,7 +79,7 @@ def test_vectorised_mode_reports_the_same_training_accuracy():
 
 def test_cli_writes_messages_jsonl_and_report_uses_it_for_the_workers_variant(tmp_path):
     from stalegrad.cli import main
-    from stalegrad.report import workers_curve
+    from stalegrad.report_curves import workers_curve
     from stalegrad.results import read_run
     for algo in ("agn", "downpour"):
         out = tmp_path / algo
