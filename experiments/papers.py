@@ -32,7 +32,8 @@ import sys
 from collections import defaultdict
 
 from stalegrad.metrics import temporal_efficiency
-from stalegrad.report import central_curve, load_runs, workers_curve
+from stalegrad.report import load_runs
+from stalegrad.report_curves import central_curve, workers_curve
 from stalegrad.results import json_text
 
 DC_ALGOS = ("sgd", "ssgd", "asgd", "dcasgd-c", "dcasgd-a")
