@@ -1,7 +1,7 @@
 """The leaderboard of issue 20, from its protocol grids:
 ``python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md``.
 
-ROOT holds the nine ``stalegrad grid`` directories of ``experiments/leaderboard.sh`` (or any grids with a
+ROOT holds the twelve ``stalegrad grid`` directories of ``experiments/leaderboard.sh`` (or any grids with a
 ``[protocol]`` table). A grid is *finished* when grid.json has no cell pending, running, interrupted or
 waiting for stage 2 and ``report/report.json`` holds a protocol selected on validation accuracy; the
 others are skipped and named on the page. From each finished grid's report this script takes, per
@@ -9,8 +9,9 @@ algorithm and cell, the selected setting (the report's selection: mean final val
 the selection seeds), its final test accuracy and its time to target on each reporting seed, and puts
 the grids side by side:
 
-- **Cells.** Gradient rules: (delay model, M); sgd runs with one worker and stands in every M of its
-  delay model as the sequential reference. Commit rules: (window, n).
+- **Cells.** Gradient rules: (data set, delay model, M); sgd runs with one worker and stands in every M
+  of its data set and delay model as the sequential reference. Commit rules: (data set, window, n). Each
+  family and data set gets its own section, "who wins" table and plot row.
 - **Final test accuracy**: the mean over the reporting seeds with its 95% t interval
   (``stalegrad.stats.t_interval``). A diverged run (no finite accuracy) makes the interval NaN: shown,
   never averaged away.
@@ -44,7 +45,8 @@ from pathlib import Path
 from stalegrad.stats import HOLDS, INCONCLUSIVE, t_interval, verdict
 
 GRIDS = ("grad_asgd", "grad_sgd", "grad_dana", "grad_momentum", "grad_gap", "grad_sasgd", "commit_agn", "commit_outer",
-         "commit_downpour")
+         "commit_downpour", "commit_agn_fashion", "commit_outer_fashion", "commit_downpour_fashion")
+DATASETS = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "digits": "digits"}
 # A method whose rate range moved to a grid of its own (the protocol's no-edge rule): only that grid's rows
 # count; its first sweep stays on disk and is named on the page.
 OWNER = {"gap-aware": "grad_gap"}
@@ -136,22 +138,32 @@ def family(e: dict) -> str:
     return "commit" if e["algo"] in COMMIT or "window" in e["cell"] else "gradient"
 
 
+def dataset_name(ds) -> str:
+    return DATASETS.get(ds, str(ds))
+
+
+def section_order(fam: str, ds) -> tuple:
+    """Gradient before commit; within a family MNIST, then Fashion-MNIST, then the rest by name."""
+    return (fam != "gradient", list(DATASETS).index(ds) if ds in DATASETS else len(DATASETS), str(ds))
+
+
 def cells(rows: list[dict]) -> dict:
-    """{(family, panel, x): [rows]}: panel the delay model (gradient) or the window (commit), x = M or n.
-    A one-worker run (sgd) joins every M of its delay model."""
+    """{(family, data set, panel, x): [rows]}: panel the delay model (gradient) or the window (commit), x = M
+    or n. A one-worker run (sgd) joins every M of its data set and delay model."""
     out: dict = {}
     for e in rows:
         f = family(e)
         panel = e["cell"].get("window") if f == "commit" else e["cell"].get("delay")
         if f == "gradient" and e["cell"].get("workers") == 1:
             continue
-        out.setdefault((f, panel, e["cell"].get("workers")), []).append(e)
+        out.setdefault((f, e["cell"].get("dataset"), panel, e["cell"].get("workers")), []).append(e)
     for e in rows:
         if family(e) == "gradient" and e["cell"].get("workers") == 1:
-            for (f, panel, x), es in out.items():
-                if f == "gradient" and panel == e["cell"].get("delay"):
+            for (f, ds, panel, x), es in out.items():
+                if f == "gradient" and (ds, panel) == (e["cell"].get("dataset"), e["cell"].get("delay")):
                     es.append(e)
-    return dict(sorted(out.items(), key=lambda kv: (kv[0][0] != "gradient", str(kv[0][1]), kv[0][2] or 0)))
+    return dict(sorted(out.items(), key=lambda kv: (*section_order(kv[0][0], kv[0][1]), str(kv[0][2]),
+                                                    kv[0][3] or 0)))
 
 
 # ---------------------------------------------------------------- the figures of a cell
@@ -280,7 +292,8 @@ def who_wins(key: tuple, es: list[dict]) -> tuple[list[str], list[list[str]], li
 
 
 def cell_name(key: tuple) -> str:
-    f, panel, x = key
+    """The cell within its section (the section names the family and the data set)."""
+    f, _, panel, x = key
     return f"{panel}, M = {x}" if f == "gradient" else f"window {panel}, n = {x}"
 
 
@@ -297,21 +310,21 @@ def plot(by_cell: dict, path: Path) -> bool:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = sorted({(f, p) for f, p, _ in by_cell}, key=lambda fp: (fp[0] != "gradient", str(fp[1])))
-    fams = list(dict.fromkeys(f for f, _ in panels))
-    ncols = max(sum(1 for f, _ in panels if f == fam) for fam in fams)
+    panels = sorted({(f, ds, p) for f, ds, p, _ in by_cell}, key=lambda k: (*section_order(k[0], k[1]), str(k[2])))
+    fams = list(dict.fromkeys((f, ds) for f, ds, _ in panels))   # one row of panels per family and data set
+    ncols = max(sum(1 for f, ds, _ in panels if (f, ds) == fam) for fam in fams)
     fig, axes = plt.subplots(len(fams), ncols, figsize=(6 * ncols, 4.5 * len(fams)), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
-    for (fam, panel) in panels:
-        ax = axes[fams.index(fam)][[p for f, p in panels if f == fam].index(panel)]
+    for (fam, ds, panel) in panels:
+        ax = axes[fams.index((fam, ds))][[p for f, d, p in panels if (f, d) == (fam, ds)].index(panel)]
         ax.set_visible(True)
         lines: dict = {}
-        for (f, p, x), es in by_cell.items():
-            if (f, p) == (fam, panel):
+        for (f, d, p, x), es in by_cell.items():
+            if (f, d, p) == (fam, ds, panel):
                 for e in es:
                     lines.setdefault(e["algo"], {})[x if e["cell"].get("workers") != 1 else 1] = accuracy(e)
-        xs_all = sorted({x for (f, p, x) in by_cell if (f, p) == (fam, panel)})
+        xs_all = sorted({x for (f, d, p, x) in by_cell if (f, d, p) == (fam, ds, panel)})
         for i, (algo, pts) in enumerate(sorted(lines.items())):
             style = {"2017": "-", "later": "--", "baseline": ":"}.get(ERA.get(algo), "-")
             if set(pts) == {1}:
@@ -328,7 +341,8 @@ def plot(by_cell: dict, path: Path) -> bool:
         ax.set_xticks(xs_all, [str(x) for x in xs_all])
         ax.set_xlabel("M (workers)" if fam == "gradient" else "n (workers)")
         ax.set_ylabel("final test accuracy (reporting seeds)")
-        ax.set_title(f"gradient rules, delay {panel}" if fam == "gradient" else f"commit rules, window {panel}")
+        ax.set_title(f"{dataset_name(ds)}: " + (f"gradient rules, delay {panel}" if fam == "gradient"
+                                                 else f"commit rules, window {panel}"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -343,21 +357,25 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
     rows = rows_of(reports)
     by_cell = cells(rows)
     runs = sum(r["compared"]["runs"] for r in reports.values())
-    seeds = sorted({s for r in reports.values() for s in r["protocol"]["report_seeds"]})
+    by_seeds: dict = {}
+    for n, r in reports.items():
+        by_seeds.setdefault(", ".join(map(str, r["protocol"]["report_seeds"])), []).append(n)
+    seeds = next(iter(by_seeds)) if len(by_seeds) == 1 else "; ".join(
+        f"{s} in {', '.join(f'`{n}`' for n in ns)}" for s, ns in by_seeds.items())
     sel = sorted({s for r in reports.values() for s in r["protocol"]["select_seeds"]})
     tried = {}
     for e in rows:
         tried.setdefault(e["algo"], set()).add(e["tried"])
     counts = ", ".join(f"`{n}` ({r['compared']['runs']})" for n, r in reports.items())
     out = ["# Leaderboard: every rule, tuned alike (issue 20)", "",
-           "```sh", "sh experiments/leaderboard.sh     # the nine grids, then this page:",
+           "```sh", "sh experiments/leaderboard.sh     # the twelve grids, then this page:",
            "python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md \\", "  --notes experiments/leaderboard_cuts.md", "```", "",
            f"{len(reports)} grid(s), {runs} runs: {counts}."]
     if skipped:
         out += ["", "**Not included** (unfinished): " + "; ".join(f"`{n}`: {w}" for n, w in skipped) + "."]
     out += ["", f"Protocol: each method's rate selected per cell on the mean final validation accuracy of seed(s) "
             f"{', '.join(map(str, sel))}; test figures of the selected rate on reporting seeds "
-            f"{', '.join(map(str, seeds))}. Equal tuning effort, values tried per method: "
+            f"{seeds}. Equal tuning effort, values tried per method: "
             + ", ".join(f"{a} {'/'.join(map(str, sorted(v)))}" for a, v in tried.items()) + ".",
             "", "Intervals: 95% t intervals over the reporting seeds (`stalegrad.stats.t_interval`), "
             "mean ± t(0.975, n−1)·s/√n; a difference between two methods is paired by seed across grids (a seed "
@@ -374,11 +392,9 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
             "", "## What was cut", "", *(notes or ["(not given: `--notes FILE`)"]), ""]
     if plot_name:
         out += [f"![final test accuracy against M and n]({plot_name})", ""]
-    for fam in ("gradient", "commit"):
-        keys = [k for k in by_cell if k[0] == fam]
-        if not keys:
-            continue
-        out += [f"## {'Gradient' if fam == 'gradient' else 'Commit'} rules", ""]
+    for fam, ds in dict.fromkeys(k[:2] for k in by_cell):
+        keys = [k for k in by_cell if k[:2] == (fam, ds)]
+        out += [f"## {'Gradient' if fam == 'gradient' else 'Commit'} rules, {dataset_name(ds)}", ""]
         wins, later, papers, controls = [], [], [], []
         for k in keys:
             out += [f"### {cell_name(k)}", "", *cell_table(by_cell[k])]

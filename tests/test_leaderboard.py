@@ -87,7 +87,7 @@ def test_the_accuracy_interval_is_the_t_interval_over_the_reporting_seeds(tmp_pa
     mean, lo, hi = hand_interval(list(OLD.values()))
     f = lb.accuracy(e)
     assert (f["mean"], f["lo"], f["hi"]) == pytest.approx((mean, lo, hi), abs=1e-9)
-    table = lb.cell_table(lb.cells(rows)[("gradient", "gamma:2", 8)])
+    table = lb.cell_table(lb.cells(rows)[("gradient", "fashion-mnist", "gamma:2", 8)])
     assert shown(mean, lo, hi) in line(table, "| dcasgd-a |")
 
 
@@ -98,7 +98,7 @@ def test_differences_pair_the_runs_by_seed_across_grids(tmp_path):
     mean, lo, hi = hand_interval([OLD[s] - NEW[s] for s in (1, 2, 3)])
     assert d["seeds"] == [1, 2, 3] and (d["mean"], d["lo"], d["hi"]) == pytest.approx((mean, lo, hi), abs=1e-9)
     assert lo > 0   # paired, the 1-2 point gain is established although the seeds spread over 10 points
-    _, later, _ = lb.who_wins(("gradient", "gamma:2", 8), lb.cells(rows)[("gradient", "gamma:2", 8)])
+    _, later, _ = lb.who_wins(("gradient", "fashion-mnist", "gamma:2", 8), lb.cells(rows)[("gradient", "fashion-mnist", "gamma:2", 8)])
     assert later == [["gamma:2, M = 8", "dcasgd-a more accurate than sasgd",
                       shown(mean, lo, hi) + ", seeds 1, 2, 3", "holds"]]
     # a seed only one grid ran is left out of the pair, and the interval is over the rest
@@ -109,12 +109,12 @@ def test_differences_pair_the_runs_by_seed_across_grids(tmp_path):
 
 def test_the_winner_and_who_cannot_be_told_from_it(tmp_path):
     rows = two_grids(tmp_path / "a")
-    win, _, _ = lb.who_wins(("gradient", "gamma:2", 8), lb.cells(rows)[("gradient", "gamma:2", 8)])
+    win, _, _ = lb.who_wins(("gradient", "fashion-mnist", "gamma:2", 8), lb.cells(rows)[("gradient", "fashion-mnist", "gamma:2", 8)])
     # dcasgd-a has the highest mean; sasgd is below it on every seed (holds), dcasgd-c far below
     assert win == ["gamma:2, M = 8", f"dcasgd-a {sum(OLD.values()) / 3:.4f}", "none", "dcasgd-a vs sasgd"]
     close = {1: 0.81, 2: 0.84, 3: 0.89}      # mean 0.8467 < 0.85, but above on seed 1: cannot be told apart
     rows = two_grids(tmp_path / "b", new=close)
-    win, later, _ = lb.who_wins(("gradient", "gamma:2", 8), lb.cells(rows)[("gradient", "gamma:2", 8)])
+    win, later, _ = lb.who_wins(("gradient", "fashion-mnist", "gamma:2", 8), lb.cells(rows)[("gradient", "fashion-mnist", "gamma:2", 8)])
     assert win[1].startswith("dcasgd-a ") and win[2] == "sasgd"
     assert later[0][-1] == "inconclusive"
 
@@ -126,7 +126,7 @@ def test_the_2017_method_is_chosen_on_validation_not_on_test(tmp_path):
     write_grid(tmp_path, "grad_dana", [sel("dana-zero", NEW, score=0.90), sel("dana-dc", {1: 0.9, 2: 0.9, 3: 0.9},
                                                                               score=0.70)])
     rows, _ = rows_of(tmp_path)
-    win, later, _ = lb.who_wins(("gradient", "gamma:2", 8), lb.cells(rows)[("gradient", "gamma:2", 8)])
+    win, later, _ = lb.who_wins(("gradient", "fashion-mnist", "gamma:2", 8), lb.cells(rows)[("gradient", "fashion-mnist", "gamma:2", 8)])
     assert win[1].startswith("dcasgd-c ") and win[3] == "dcasgd-a vs dana-zero"
     assert later[0][1] == "dcasgd-a more accurate than dana-zero"
 
@@ -140,19 +140,19 @@ def test_verdicts_against_the_papers_baselines_and_sgd_in_every_m(tmp_path):
                                       sel("sgd", OLD, workers=1, delay="round-robin")])
     rows, _ = rows_of(tmp_path)
     by_cell = lb.cells(rows)
-    assert sorted(by_cell) == [("gradient", "gamma:2", 4), ("gradient", "gamma:2", 8)]   # no round-robin cell
-    assert [e["algo"] for e in by_cell[("gradient", "gamma:2", 4)]].count("sgd") == 1        # gamma:2's sgd only
-    _, _, papers = lb.who_wins(("gradient", "gamma:2", 8), by_cell[("gradient", "gamma:2", 8)])
+    assert sorted(by_cell) == [("gradient", "fashion-mnist", "gamma:2", 4), ("gradient", "fashion-mnist", "gamma:2", 8)]   # no round-robin cell
+    assert [e["algo"] for e in by_cell[("gradient", "fashion-mnist", "gamma:2", 4)]].count("sgd") == 1        # gamma:2's sgd only
+    _, _, papers = lb.who_wins(("gradient", "fashion-mnist", "gamma:2", 8), by_cell[("gradient", "fashion-mnist", "gamma:2", 8)])
     got = {r[1]: r[-1] for r in papers}
     assert got == {"dcasgd-a more accurate than sgd": "inconclusive",
                    "dcasgd-a more accurate than ssgd": "does not hold", "dcasgd-a more accurate than asgd": "holds"}
-    assert "sgd (M = 1)" in "\n".join(lb.cell_table(by_cell[("gradient", "gamma:2", 4)]))
+    assert "sgd (M = 1)" in "\n".join(lb.cell_table(by_cell[("gradient", "fashion-mnist", "gamma:2", 4)]))
 
 
 def test_the_grid_edge_is_flagged_only_at_an_edge(tmp_path):
     write_grid(tmp_path, "grad_asgd", [sel("asgd", OLD, lr=0.3, edge="largest"), sel("dcasgd-a", OLD, lr=0.03)])
     rows, _ = rows_of(tmp_path)
-    table = lb.cell_table(lb.cells(rows)[("gradient", "gamma:2", 8)])
+    table = lb.cell_table(lb.cells(rows)[("gradient", "fashion-mnist", "gamma:2", 8)])
     assert line(table, "| asgd |").endswith("| **edge**: lr 0.3, the largest of 0.01-0.3 |")
     assert line(table, "| dcasgd-a |").endswith("| - |")
     assert "lr 0.03 (of 4)" in line(table, "| dcasgd-a |")    # the selected rate and how many were tried
@@ -164,7 +164,7 @@ def test_a_target_never_reached_is_counted_never_averaged(tmp_path):
                                         sel("downpour", OLD, window=10, ttt={1: 90.0, 2: 110.0, 3: 130.0})],
                target=0.95)
     rows, _ = rows_of(tmp_path)
-    es = lb.cells(rows)[("commit", 10, 8)]
+    es = lb.cells(rows)[("commit", "fashion-mnist", 10, 8)]
     table = lb.cell_table(es)
     assert "| 2 of 3 reached (100, 120) |" in line(table, "| agn |")
     assert "| 0 of 3 reached |" in line(table, "| dynsgd |")
@@ -183,7 +183,7 @@ def test_cells_that_differ_in_a_shared_setting_are_not_paired(tmp_path):
     write_grid(tmp_path, "grad_asgd", [sel("dcasgd-a", OLD)])
     write_grid(tmp_path, "grad_sasgd", [sel("sasgd", NEW, epochs=8)])
     rows, _ = rows_of(tmp_path)
-    win, later, papers = lb.who_wins(("gradient", "gamma:2", 8), lb.cells(rows)[("gradient", "gamma:2", 8)])
+    win, later, papers = lb.who_wins(("gradient", "fashion-mnist", "gamma:2", 8), lb.cells(rows)[("gradient", "fashion-mnist", "gamma:2", 8)])
     assert win[1] == "not paired: the methods differ in epochs" and later == papers == []
 
 
@@ -244,3 +244,37 @@ def test_a_later_rule_is_set_against_its_control(tmp_path):
     row = line(lines, "dana-zero more accurate than asgd-momentum")
     mean, lo, hi = hand_interval([0.85 - 0.84, 0.86 - 0.84, 0.84 - 0.845])
     assert shown(mean, lo, hi) in row and "inconclusive" in row
+
+
+def test_each_data_set_is_a_cell_and_a_section_of_its_own(tmp_path):
+    """The commit grids run twice, on MNIST and on Fashion-MNIST, with the same windows and n: the cells must
+    not mix them (a pairing across data sets would compare different runs), and sgd stands only in its own
+    data set's cells."""
+    write_grid(tmp_path, "commit_agn", [sel("agn", OLD, window=10, dataset="mnist"),
+                                        sel("dynsgd", NEW, window=10, dataset="mnist")])
+    write_grid(tmp_path, "commit_agn_fashion", [sel("agn", NEW, window=10), sel("dynsgd", OLD, window=10)])
+    write_grid(tmp_path, "grad_sgd", [sel("sgd", OLD, workers=1, dataset="mnist")])
+    write_grid(tmp_path, "grad_asgd", [sel("asgd", NEW)])
+    reports, _ = lb.load(tmp_path)
+    by_cell = lb.cells(lb.rows_of(reports))
+    assert list(by_cell) == [("gradient", "fashion-mnist", "gamma:2", 8), ("commit", "mnist", 10, 8),
+                             ("commit", "fashion-mnist", 10, 8)]
+    assert [e["algo"] for e in by_cell[("gradient", "fashion-mnist", "gamma:2", 8)]] == ["asgd"]   # no MNIST sgd
+    mnist, fashion = by_cell[("commit", "mnist", 10, 8)], by_cell[("commit", "fashion-mnist", 10, 8)]
+    assert {e["grid"] for e in mnist} == {"commit_agn"} and {e["grid"] for e in fashion} == {"commit_agn_fashion"}
+    assert lb.who_wins(("commit", "mnist", 10, 8), mnist)[0][1] == f"agn {sum(OLD.values()) / 3:.4f}"
+    assert lb.who_wins(("commit", "fashion-mnist", 10, 8), fashion)[0][1] == f"dynsgd {sum(OLD.values()) / 3:.4f}"
+    lines = lb.page(reports, [], None)
+    heads = [ln for ln in lines if ln.startswith("## ") and "rules" in ln]
+    assert heads == ["## Gradient rules, Fashion-MNIST", "## Commit rules, MNIST", "## Commit rules, Fashion-MNIST"]
+
+
+def test_grids_with_different_reporting_seeds_say_which(tmp_path):
+    write_grid(tmp_path, "grad_asgd", [sel("asgd", OLD)])
+    d = write_grid(tmp_path, "grad_sasgd", [sel("sasgd", NEW)])
+    report = json.loads((d / "report" / "report.json").read_text())
+    report["protocol"]["report_seeds"] = [1, 2, 3, 4, 5, 6, 7]
+    (d / "report" / "report.json").write_text(json.dumps(report))
+    reports, _ = lb.load(tmp_path)
+    text = "\n".join(lb.page(reports, [], None))
+    assert "reporting seeds 1, 2, 3 in `grad_asgd`; 1, 2, 3, 4, 5, 6, 7 in `grad_sasgd`." in text
