@@ -278,3 +278,15 @@ def test_grids_with_different_reporting_seeds_say_which(tmp_path):
     reports, _ = lb.load(tmp_path)
     text = "\n".join(lb.page(reports, [], None))
     assert "reporting seeds 1, 2, 3 in `grad_asgd`; 1, 2, 3, 4, 5, 6, 7 in `grad_sasgd`." in text
+
+
+def test_each_dc_variant_is_set_against_asgd_on_its_own(tmp_path):
+    """Issue 18's RQ1 asks it of each variant: the page pairs dcasgd-c and dcasgd-a with asgd, seed by seed."""
+    asgd = {1: 0.80, 2: 0.82, 3: 0.81}
+    write_grid(tmp_path, "grad_asgd", [sel("asgd", asgd), sel("dcasgd-c", {1: 0.80, 2: 0.83, 3: 0.815}),
+                                       sel("dcasgd-a", {1: 0.82, 2: 0.84, 3: 0.83})])
+    reports, _ = lb.load(tmp_path)
+    lines = lb.page(reports, [], None)
+    c, a = line(lines, "dcasgd-c more accurate than asgd"), line(lines, "dcasgd-a more accurate than asgd")
+    assert shown(*hand_interval([0.0, 0.01, 0.005])) in c and "inconclusive" in c
+    assert shown(*hand_interval([0.02, 0.02, 0.02])) in a and "holds" in a
