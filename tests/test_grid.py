@@ -115,12 +115,17 @@ def test_every_experiment_file_validates(path, run):
                 # the cut grids: 7 seeds x 5 lr x (sgd 1 + 3 M x (ssgd + asgd + dcasgd-c x 2 lam + dcasgd-a));
                 # 7 seeds x 5 lr x 4 algos x 2 n x 2 windows
                 "dcasgd_decisive_cut": 560, "agn_decisive_cut": 560,
-                # issue 20's leaderboard: 4 seeds x algos x 4 M x 4 lr x 2 delays (sgd: its 1 worker instead of
-                # the 4 M); 4 seeds x algos x 3 n x 2 windows x 3 lr
-                "leaderboard_grad_asgd": 4 * 4 * 4 * 5 * 2, "leaderboard_grad_sgd": 4 * (1 + 4) * 4 * 2,
-                "leaderboard_grad_dana": 4 * 2 * 4 * 5 * 2, "leaderboard_grad_gap": 4 * 4 * 4 * 2,
-                "leaderboard_grad_sasgd": 4 * 4 * 4 * 2, "leaderboard_grad_momentum": 4 * 4 * 5 * 2, "leaderboard_commit_agn": 4 * 2 * 3 * 2 * 4,
-                "leaderboard_commit_outer": 4 * 3 * 3 * 2 * 4, "leaderboard_commit_downpour": 4 * 3 * 2 * 3,
+                # issue 20's leaderboard: 8 seeds x algos x 4 M x lr x 2 delays (sgd: its 1 worker instead of
+                # the 4 M); 8 seeds x algos x 3 n x 2 windows x lr (the Fashion-MNIST twins: the same, outer and
+                # downpour with one rate more or the same)
+                "leaderboard_grad_asgd": 8 * 4 * 4 * 5 * 2, "leaderboard_grad_sgd": 8 * (1 + 4) * 4 * 2,
+                "leaderboard_grad_dana": 8 * 2 * 4 * 5 * 2, "leaderboard_grad_gap": 8 * 4 * 4 * 2,
+                "leaderboard_grad_sasgd": 8 * 4 * 4 * 2, "leaderboard_grad_momentum": 8 * 4 * 5 * 2,
+                "leaderboard_commit_agn": 8 * 2 * 3 * 2 * 4, "leaderboard_commit_agn_fashion": 8 * 2 * 3 * 2 * 4,
+                "leaderboard_commit_outer": 8 * 3 * 3 * 2 * 4, "leaderboard_commit_outer_fashion": 8 * 3 * 3 * 2 * 5,
+                "leaderboard_commit_downpour": 8 * 3 * 2 * 5, "leaderboard_commit_downpour_fashion": 8 * 3 * 2 * 5,
+                # issue 18's second pass: 8 seeds x 3 algos x 2 M x 4 lr x 2 delays; 8 x 3 x 2 x 4
+                "dcasgd_decisive_delays": 8 * 3 * 2 * 4 * 2, "dcasgd_decisive_momentum_cut": 8 * 3 * 2 * 4,
                 # issue 18's modelled temporal efficiency: 5 seeds x 2 algos x 2 windows x 2 lr
                 "te_modelled_demo": 5 * 2 * 2 * 2}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
