@@ -123,12 +123,12 @@ def test_every_experiment_file_validates(path, run):
                 "leaderboard_grad_sasgd": 8 * 4 * 4 * 2, "leaderboard_grad_momentum": 8 * 4 * 5 * 2,
                 "leaderboard_commit_agn": 8 * 2 * 3 * 2 * 4, "leaderboard_commit_agn_fashion": 8 * 2 * 3 * 2 * 4,
                 "leaderboard_commit_outer": 8 * 3 * 3 * 2 * 4, "leaderboard_commit_outer_fashion": 8 * 3 * 3 * 2 * 5,
-                "leaderboard_commit_downpour": 8 * 3 * 2 * 7, "leaderboard_commit_downpour_fashion": 8 * 3 * 2 * 7,
+                "leaderboard_commit_downpour": 8 * 3 * 2 * 8, "leaderboard_commit_downpour_fashion": 8 * 3 * 2 * 8,
                 # issue 18's second pass: 8 seeds x 3 algos x 2 M x 4 lr x 2 delays; 8 x 3 x 2 x 4
                 "dcasgd_decisive_delays": 8 * 3 * 2 * 4 * 2, "dcasgd_decisive_momentum_cut": 8 * 3 * 2 * 4,
                 # issue 18's third pass: 8 seeds x algos x n x windows x lr; the agn-mlp cut: 3 seeds x 2 algos;
                 # 3 selection seeds: 10 seeds x 3 algos x 3 n x 2 windows x 4 lr
-                "agn_decisive_roundrobin": 8 * 3 * 2 * 2 * 4, "agn_decisive_roundrobin_downpour": 8 * 2 * 2 * 2 * 5,
+                "agn_decisive_roundrobin": 8 * 3 * 2 * 2 * 4, "agn_decisive_roundrobin_downpour": 8 * 2 * 2 * 2 * 7,
                 "agn_decisive_roundrobin_fashion": 8 * 3 * 2 * 2 * 5,
                 "agn_thesis_cells": 8 * 2 * 4 * 4 * 4, "agn_decisive_agnmlp_cut": 3 * 2,
                 "agn_selection3": 10 * 3 * 3 * 2 * 4,
