@@ -32,13 +32,18 @@ MARGIN = 0.005
 
 
 def load(grid_dir: Path) -> dict:
-    path = grid_dir / "report" / "report.json"
+    return load_report(grid_dir / "report" / "report.json", "decisive.py",
+                       "run the grid to its end first (it writes the report)")
+
+
+def load_report(path: Path, script: str, hint: str) -> dict:
+    """A protocol report.json, refused in one line unless it selected on validation accuracy."""
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        sys.exit(f"decisive.py: cannot read {path} ({e}); run the grid to its end first (it writes the report)")
-    if not report.get("protocol") or report["protocol"]["selected_on"] != "validation":
-        sys.exit(f"decisive.py: {path} has no protocol selected on validation accuracy; run a grid with a "
+        sys.exit(f"{script}: cannot read {path} ({e}); {hint}")
+    if not report.get("protocol") or report["protocol"].get("selected_on") != "validation":
+        sys.exit(f"{script}: {path} has no protocol selected on validation accuracy; run a grid with a "
                  "[protocol] table and val_split")
     return report
 

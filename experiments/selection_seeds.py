@@ -11,23 +11,15 @@ that changes with the selection seeds was decided by the selection's noise, not 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decisive import iv, shown, table  # noqa: E402
+from decisive import iv, load_report, shown, table  # noqa: E402
 
 
 def load(path: Path) -> dict:
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        sys.exit(f"selection_seeds.py: cannot read {path} ({e}); give the report.json of `stalegrad report`")
-    if not report.get("protocol") or report["protocol"].get("selected_on") != "validation":
-        sys.exit(f"selection_seeds.py: {path} has no protocol selected on validation accuracy; make it with "
-                 "`stalegrad report --select-seeds ... --report-seeds ...` on runs with a validation split")
-    return report
+    return load_report(path, "selection_seeds.py", "give the report.json of `stalegrad report`")
 
 
 def tuned(s: dict) -> str:
