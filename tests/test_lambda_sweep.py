@@ -1,0 +1,89 @@
+"""experiments/lambda_sweep.py: DC-ASGD's lambda by lambda and tuned, on a report built by hand in the
+format of a protocol grid's report.json (tune = ["lr"], lam and lam0 as cells)."""
+import importlib.util
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parents[1] / "experiments"
+sys.path.insert(0, str(HERE))
+SPEC = importlib.util.spec_from_file_location("lambda_sweep", HERE / "lambda_sweep.py")
+lambda_sweep = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(lambda_sweep)
+
+SEEDS = [1, 2, 3]
+ASGD = [0.80, 0.82, 0.81]
+# lam -> (validation score, selected lr, test accuracies on SEEDS)
+DC_C = {0.04: (0.700, 0.1, [0.80, 0.82, 0.81]),       # the placebo: asgd's own figures
+        1.0: (0.710, 0.1, [0.81, 0.83, 0.82]),        # best on validation, +0.01 on every seed
+        64.0: (0.710, 0.03, [0.70, 0.75, 0.71])}      # ties on validation: the smaller lam must win
+
+
+def selection(algo, where, score, lr, accs, key=None, value=None, edges=()):
+    cell = {"workers": 8, **({key: value} if key else {})}
+    label = f"{algo} {where} lr={lr}"
+    g = {"label": label, "runs": [{"seed": s, "final_test_acc": a} for s, a in zip(SEEDS, accs)]}
+    s = {"algo": algo, "where": where, "tuned": {"lr": lr}, "score": score, "cell": cell, "group": label,
+         "edges": list(edges), "report_test_acc": {"mean": statistics.mean(accs), "lo": 0.0, "hi": 1.0, "n": 3}}
+    return s, g
+
+
+def report(tune=("lr",), with_asgd=True):
+    sels = [selection("asgd", "workers=8", 0.70, 0.1, ASGD)] if with_asgd else []
+    sels += [selection("dcasgd-c", f"lam={v} workers=8", sc, lr, a, "lam", v) for v, (sc, lr, a) in DC_C.items()]
+    sels += [selection("dcasgd-a", "eps=1e-07 lam0=2.0 ms_momentum=0.95 workers=8", 0.69, 0.3, [0.79, 0.80, 0.80],
+                       "lam0", 2.0, edges=[{"text": "lr 0.3 is the largest"}])]
+    return {"protocol": {"selected_on": "validation", "statistic": "mean final_val_acc over the selection seeds",
+                         "select_seeds": [0], "report_seeds": SEEDS, "tune": list(tune),
+                         "edge_warnings": ["dcasgd-a workers=8: lr 0.3 is the largest"],
+                         "selections": [s for s, _ in sels]},
+            "groups": [g for _, g in sels], "compared": {"runs": 99}}
+
+
+def write(tmp_path, rep):
+    import json
+    (tmp_path / "report").mkdir(parents=True)
+    (tmp_path / "report" / "report.json").write_text(json.dumps(rep))
+    return tmp_path
+
+
+def row(text, first, second):
+    return next(line for line in text.splitlines() if line.startswith(f"| {first} | {second} |"))
+
+
+def test_tuned_lambda_is_the_best_validation_score_and_the_smaller_on_a_tie(tmp_path):
+    out = tmp_path / "out.md"
+    lambda_sweep.main([str(write(tmp_path, report())), "--out", str(out)])
+    text = out.read_text()
+    tuned = row(text, "**dcasgd-c, lam tuned**", "-> 1")
+    # +0.01 on every seed: the interval is the point, above 0
+    assert "0.0100 [0.0100, 0.0100] (n=3)" in tuned and tuned.endswith("| holds |")
+    placebo = row(text, "dcasgd-c", "lam 0.04")
+    assert "0.0000 [0.0000, 0.0000] (n=3)" in placebo and placebo.endswith("| inconclusive |")
+
+
+def test_each_lambda_and_the_dose_against_an_independent_t_interval(tmp_path):
+    out = tmp_path / "out.md"
+    lambda_sweep.main([str(write(tmp_path, report())), "--out", str(out)])
+    text = out.read_text()
+    d = [a - b for a, b in zip(DC_C[64.0][2], ASGD)]            # -0.10, -0.07, -0.10
+    mean, sd = statistics.mean(d), statistics.stdev(d)
+    half = 4.302652729911275 * sd / math.sqrt(3)               # t(0.975, 2)
+    big = row(text, "dcasgd-c", "lam 64")
+    assert f"{mean:.4f} [{mean - half:.4f}, {mean + half:.4f}] (n=3)" in big and big.endswith("| does not hold |")
+    dose = [a - b for a, b in zip(DC_C[64.0][2], DC_C[0.04][2])]
+    assert f"| dcasgd-c: dose | lam 64 - 0.04 |" in text and f"{statistics.mean(dose):.4f} [" in row(
+        text, "dcasgd-c: dose", "lam 64 - 0.04")
+    assert "| 0.3 (edge) |" in row(text, "dcasgd-a", "lam0 2")
+    assert "one lambda at a time: 1 holds, 1 does not hold, 2 inconclusive (of 4)" in text
+
+
+def test_a_grid_that_tunes_lambda_or_lacks_asgd_is_refused_in_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="lam and lam0 as cells"):
+        lambda_sweep.main([str(write(tmp_path / "a", report(tune=("lr", "lam")))), "--out", str(tmp_path / "o.md")])
+    with pytest.raises(SystemExit, match="no asgd selection at M = 8"):
+        lambda_sweep.main([str(write(tmp_path / "b", report(with_asgd=False))), "--out", str(tmp_path / "o.md")])
+    assert not (tmp_path / "o.md").exists()
