@@ -141,7 +141,10 @@ def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, effic
     claims = [tuple(x.strip() for x in c.split(">")) for c in spec.get("compare") or []] or \
         [(a, baseline) for a in algos if a != baseline]
     closure = spec.get("closure") or (["asgd", "sgd"] if {"asgd", "sgd"} <= set(algos) else None)
-    shown = {k for g in groups for k in g["key"] if len({repr(h["key"].get(k)) for h in groups}) > 1} - {"algo"}
+    # a cell's label names the settings that vary among the groups that have them: an algorithm's own fixed
+    # settings (agn's outer_lr=1.0, dcasgd-a's eps) tell no cells apart, so they stay out of it
+    shown = {k for g in groups for k in g["key"]
+             if len({repr(h["key"][k]) for h in groups if k in h["key"]}) > 1} - {"algo"}
     figures = _figures(chosen, claims, closure, rep, efficiency, beside, shown)
     for e in (p["entry"] for p in picks):
         e["where"] = _where(e["cell"], shown)

@@ -208,3 +208,17 @@ def test_a_grid_with_a_protocol_reports_it_and_warns_of_edges(tmp_path, capsys):
     assert "grid: warning: asgd" in err and "extend it (e.g. lr" in err
     md = (tmp_path / "G" / "report" / "report.md").read_text()
     assert "## Protocol: selection on validation accuracy" in md
+
+
+def test_a_cell_is_labelled_by_the_settings_that_tell_cells_apart_not_by_an_algorithms_fixed_ones(tmp_path):
+    # dcasgd-a's eps is the same in every dcasgd-a run and asgd has none: not part of the label; lam0 varies
+    # among the dcasgd-a runs: part of it
+    for s in SEEDS:
+        for lr in (0.03, 0.1):
+            fake(tmp_path / "runs", "asgd", lr, s, 0.80, 0.79)
+            for lam0 in (0.5, 2.0):
+                fake(tmp_path / "runs", "dcasgd-a", lr, s, 0.81, 0.80, lam0=lam0, eps=1e-7)
+    p, md = protocol(tmp_path, select_seeds=[0, 1, 2], report_seeds=[3, 4, 5])
+    wheres = sorted(s["where"] for s in p["selections"])
+    assert wheres == ["all runs", "lam0=0.5", "lam0=2.0"]
+    assert "eps=" not in md
