@@ -132,8 +132,8 @@ def test_every_experiment_file_validates(path, run):
                 "agn_decisive_roundrobin_fashion": 8 * 3 * 2 * 2 * 5,
                 "agn_thesis_cells": 8 * 2 * 4 * 4 * 4, "agn_decisive_agnmlp_cut": 3 * 2,
                 "agn_selection3": 10 * 3 * 3 * 2 * 4,
-                # issue 18's fourth pass: 10 seeds x 3 M x 4 lr x (asgd + 5 lam + 3 lam0)
-                "dcasgd_decisive_lambda": 10 * 3 * 4 * (1 + 5 + 3),
+                # issue 18's fourth pass: 10 seeds x 3 M x 4 lr x (asgd + 5 lam + 4 lam0)
+                "dcasgd_decisive_lambda": 10 * 3 * 4 * (1 + 5 + 4),
                 # the 24-epoch regime and the cnn cell: 8 seeds x algos x 3 lr
                 "dcasgd_decisive_long": 8 * 3 * 3, "dcasgd_decisive_cnn_cut": 8 * 2 * 3,
                 # issue 18's modelled temporal efficiency: 5 seeds x 2 algos x 2 windows x 2 lr
