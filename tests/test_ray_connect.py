@@ -7,6 +7,7 @@ cluster too small) are in ``test_ray_cli_cluster.py``; these need no cluster.
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,7 +18,7 @@ import stalegrad as sg  # noqa: E402
 from stalegrad.cli import main  # noqa: E402
 from stalegrad.errors import ConfigError  # noqa: E402
 from stalegrad.runtimes import RayRuntime  # noqa: E402
-from stalegrad.runtimes.ray.connect import placement_problem, split_address  # noqa: E402
+from stalegrad.runtimes.ray.connect import placement_problem, split_address, wait_started  # noqa: E402
 
 from helpers import TEST, TRAIN  # noqa: E402
 
@@ -81,6 +82,37 @@ def test_custom_resources_cannot_be_placed_on_the_local_instance():
     assert not ray.is_initialized()
 
 
+# ---- waiting for the actors to start (Ray mocked) ------------------------------------------------
+class SlowRay:
+    """Ray as wait_started sees it: nothing answers for one wait, then everything; ``free`` resources."""
+    exceptions = ray.exceptions
+
+    def __init__(self, free):
+        self.free, self.waits = free, 0
+
+    def wait(self, refs, num_returns, timeout):
+        self.waits += 1
+        return (refs, []) if self.waits > 1 else ([], refs)
+
+    def get(self, ref):
+        return None
+
+    def available_resources(self):
+        return self.free
+
+
+def test_actors_that_start_slowly_are_not_said_to_wait_for_taken_resources():
+    actors = {m: SimpleNamespace(ping=SimpleNamespace(remote=object)) for m in range(2)}
+    said = []
+    assert wait_started(SlowRay({"CPU": 1.0}), [], actors, CPU1, said.append) == []
+    assert said == ["still starting 2 worker and 0 shard actors after 30 s (a loaded machine starts them slowly)"]
+    # no room left: the run's own starting actors may hold it, or other jobs; Ray does not say which
+    said = []
+    assert wait_started(SlowRay({"CPU": 0.0}), [], actors, CPU1, said.append) == []
+    assert said == ["still waiting for 2 worker and 0 shard actors after 30 s: they are starting (slowly on a "
+                    "loaded machine), or waiting for resources that other jobs hold (see `ray status`)"]
+
+
 # ---- connecting, bounded ------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -133,9 +165,10 @@ def test_an_address_that_never_answers_as_ray_gives_up_within_the_connect_timeou
                 pass
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
+    port = server.getsockname()[1]
     try:
         t0 = time.monotonic()
-        code, out = cli(tmp_path, "--address", f"127.0.0.1:{server.getsockname()[1]}", "--connect-timeout", "3")
+        code, out = cli(tmp_path, "--address", f"127.0.0.1:{port}", "--connect-timeout", "3")
         took = time.monotonic() - t0
     finally:
         stop.set()
@@ -145,6 +178,7 @@ def test_an_address_that_never_answers_as_ray_gives_up_within_the_connect_timeou
         server.close()
     err = one_line_error(capsys, code)
     assert "could not connect to it within 3 s" in err and "--connect-timeout" in err
+    assert f"`ray status --address 127.0.0.1:{port}` on the head" in err
     assert took < 15 and not out.exists()
 
 

@@ -119,8 +119,8 @@ def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> dict:
             return json.loads(line[len("STALEGRAD-PROBE "):])
     if timed_out:
         raise ConfigError("address", f"is {address}, but Ray could not connect to it within {timeout:g} s; check "
-                                     "that it is the GCS port of a running head (`ray status --address ADDR` on "
-                                     "the head), or raise connect_timeout")
+                                     f"that it is the GCS port of a running head (`ray status --address {address}` "
+                                     "on the head), or raise connect_timeout")
     if "Could not find any running Ray instance" in text:
         raise ConfigError("address", "is auto, but no Ray cluster runs on this machine; start one with "
                                      "`ray start --head`, or give HOST:PORT of the head")
@@ -221,10 +221,12 @@ def room_for(ray, request: dict) -> bool:
     return _fits(free, {k: v for k, v in request.items() if v > 0}) >= 1
 
 
-def wait_started(ray, shards: list, actors: dict, say, every: float = 30.0) -> list:
+def wait_started(ray, shards: list, actors: dict, request: dict, say, every: float = 30.0) -> list:
     """Wait until every shard and worker actor answers a ping; the workers whose actor died meanwhile
-    (its node lost while it started). While some wait for their resources (other jobs hold them), say so
-    every ``every`` seconds instead of waiting in silence."""
+    (its node lost while it started). While some have not answered, say so every ``every`` seconds
+    instead of waiting in silence: "still starting" where the cluster has room for one more worker
+    (``request``) now, else both causes, since Ray does not tell an actor that holds its resources and
+    starts slowly (Ray runs actors at nice 15) from one that waits for resources other jobs hold."""
     pending = {s.ping.remote(): None for s in shards}
     pending.update({a.ping.remote(): m for m, a in actors.items()})
     dead, waited = [], 0.0
@@ -241,8 +243,12 @@ def wait_started(ray, shards: list, actors: dict, say, every: float = 30.0) -> l
         if pending and not ready:
             waited += every
             workers = sum(m is not None for m in pending.values())
-            say(f"waiting {waited:g} s for Ray to start {workers} worker and {len(pending) - workers} shard actors "
-                "(their resources are taken: see `ray status`)")
+            what = f"{workers} worker and {len(pending) - workers} shard actors after {waited:g} s"
+            if room_for(ray, request):
+                say(f"still starting {what} (a loaded machine starts them slowly)")
+            else:
+                say(f"still waiting for {what}: they are starting (slowly on a loaded machine), or waiting "
+                    "for resources that other jobs hold (see `ray status`)")
     return sorted(dead)
 
 

@@ -112,7 +112,8 @@ class Driver(Recovery):
         states = self.resume["workers"] if self.resume else [None] * self.M
         for m in sorted(self.live):
             self.actors[m] = self._new_worker(m, to_numpy(states[m]))
-        for m in wait_started(ray, self.shards, self.actors, lambda text: print(f"stalegrad: {text}", file=sys.stderr)):
+        for m in wait_started(ray, self.shards, self.actors, self.request,
+                              lambda text: print(f"stalegrad: {text}", file=sys.stderr)):
             self.replace_worker(m, launch=False)   # its node died as it started
 
     def _new_worker(self, m: int, state=None, pool=None):
