@@ -377,11 +377,14 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
             checkpoint.check_matches(resume, saved, run)
             # A real runtime may end a few messages past its budget: what counts is the budget it had.
             progress = saved["run"]["progress"]
-            done = int(progress.get("sample_budget", progress["samples"]))
+            budget = progress.get("sample_budget")   # (absent from older checkpoints: the samples trained)
+            done = int(progress["samples"] if budget is None else budget)
             if done > run.sample_budget:
-                raise ConfigError("epochs", f"is {config.epochs:g}, but the run to resume has already trained "
-                                            f"{count(done / run.num_samples, 'epoch', '.4g')}; give at least that many "
-                                            "(more to extend it)")
+                epochs = done / run.num_samples
+                had = (f"is configured for {count(epochs, 'epoch', '.4g')}, and a resumed run may only be extended"
+                       if budget is not None else f"has already trained {count(epochs, 'epoch', '.4g')}")
+                raise ConfigError("epochs", f"is {config.epochs:g}, but the run to resume {had}; give "
+                                            f"{epochs:.4g} or more")
             resumed = checkpoint.restore(run, saved, resume)
         if on_start is not None:   # (configuration, metrics so far: those of the checkpoint when resuming)
             on_start(resolved, list(saved["run"]["progress"]["metrics"]) if saved is not None else [])

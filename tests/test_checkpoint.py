@@ -116,6 +116,30 @@ def test_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]   # no temporary file left
 
 
+def test_resume_with_fewer_epochs_names_the_configured_ones_not_the_trained_ones(tmp_path, monkeypatch):
+    path = tmp_path / "c.pt"
+    with monkeypatch.context() as mp:
+        interrupt_at(mp, 10)
+        with pytest.raises(Interrupt):
+            train("asgd", "round-robin", path)   # 2 epochs configured, stopped well before 1
+    saved = torch.load(path, weights_only=True)
+    assert saved["run"]["progress"]["samples"] < len(TRAIN.y)
+
+    def resume(epochs):
+        torch.manual_seed(0)
+        sg.train(bn_model(), TRAIN, TEST, sg.make_algorithm("asgd"), 3, Simulator(delay="round-robin"),
+                 epochs=epochs, batch_size=8, seed=5, eval_every=0.5, checkpoint_every=7, checkpoint_path=path,
+                 resume=path)
+    with pytest.raises(sg.ConfigError, match=r"^epochs is 1, but the run to resume is configured for 2 epochs, "
+                                             r"and a resumed run may only be extended; give 2 or more$"):
+        resume(1)
+    del saved["run"]["progress"]["sample_budget"]   # an older checkpoint: the samples trained count
+    torch.save(saved, path)
+    done = saved["run"]["progress"]["samples"] / len(TRAIN.y)
+    with pytest.raises(sg.ConfigError, match=rf"already trained {done:.4g} epochs; give {done:.4g} or more$"):
+        resume(done / 2)
+
+
 def test_mismatched_checkpoint_is_refused(tmp_path):
     path = tmp_path / "c.pt"
     train("asgd", "round-robin", path)

@@ -28,7 +28,7 @@ def test_resume_says_one_epoch(tmp_path, capsys):
                  "--out", out]) == 0
     capsys.readouterr()
     assert main(["train", "--resume", out, "--epochs", "0.5"]) == 2
-    assert "the run to resume has already trained 1 epoch; give at least" in capsys.readouterr().err
+    assert "the run to resume is configured for 1 epoch, and a resumed run" in capsys.readouterr().err
 
 
 def test_a_grid_of_one_cell(tmp_path, capsys):

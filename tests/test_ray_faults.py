@@ -213,3 +213,25 @@ def test_a_killed_server_shard_is_restarted_and_restored_from_the_checkpoint(clu
     last = torch.load(path, weights_only=True)
     assert last["run"]["server"]["version"] == s["updates"]
     assert s["final_test_acc"] > 0.9
+
+
+def test_a_shard_that_ray_does_not_restart_in_time_stops_the_run_and_names_the_fix():
+    # mocked Ray: the shard never answers again (a real restart took 106 s on a loaded machine)
+    from types import SimpleNamespace
+
+    from stalegrad.errors import RunError
+    from stalegrad.runtimes.ray.recovery import Recovery
+
+    class Timeout(Exception):
+        pass
+
+    def never(refs, timeout):
+        raise Timeout
+    rec = Recovery()
+    rec.snapshot, rec.rt = [{}], SimpleNamespace(restart_timeout=0.1)
+    rec.ray = SimpleNamespace(get=never, exceptions=SimpleNamespace(RayActorError=RuntimeError, GetTimeoutError=Timeout))
+    rec.shards = [SimpleNamespace(ping=SimpleNamespace(remote=object))]
+    with pytest.raises(RunError, match=r"^a parameter-server shard died and was not restarted in 0.1 s; the run "
+                                       r"stopped \(on a loaded machine Ray may take minutes: give --restart-timeout "
+                                       r"SECONDS, e.g. 120\)$"):
+        rec.restore_shards()

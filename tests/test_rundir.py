@@ -128,7 +128,8 @@ def test_resume_may_not_shrink_the_epochs(tmp_path, capsys):
     assert cli(capsys, "train", *RUN, "--epochs", "2", "--checkpoint-every", "5", "--out", out)[0] == 0
     before = snapshot(out)
     code, _, err = cli(capsys, "train", "--resume", out, "--epochs", "0.5")
-    assert code == 2 and "--epochs is 0.5, but the run to resume has already trained 2 epochs" in err
+    assert code == 2 and ("--epochs is 0.5, but the run to resume is configured for 2 epochs, and a resumed run "
+                          "may only be extended; give 2 or more") in err, err
     assert snapshot(out) == before
 
 

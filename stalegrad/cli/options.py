@@ -123,8 +123,9 @@ def run_options(f):
         click.option("--connect-timeout", type=float, default=None,
                      help="--runtime ray with --address: seconds to join the cluster before giving up  [default: 30]"),
         click.option("--restart-timeout", type=float, default=None,
-                     help="--runtime ray: seconds to wait for a lost worker's replacement actor to start; then its "
-                          "samples go to the others (at once when the cluster has no room)  [default: 10]"),
+                     help="--runtime ray: seconds to wait for a lost worker's replacement actor to start (then its "
+                          "samples go to the others; at once when the cluster has no room), and for a killed server "
+                          "shard's restart (then the run stops); e.g. 120 on a loaded machine  [default: 10]"),
         click.option("--threads-per-worker", type=int, default=None,
                      help="--runtime local: torch threads of each worker process  [default: max(1, cores // M)]"),
         click.option("--worker-timeout", type=float, default=None,

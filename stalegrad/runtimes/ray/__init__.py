@@ -80,7 +80,7 @@ class RayRuntime:
     gpus_per_worker: float = 0.0
     record_trace: str | os.PathLike | None = None
     max_restarts: int = 3              # how often Ray restarts a dead server shard
-    restart_timeout: float = RESTART_TIMEOUT   # seconds to wait for a replacement actor before giving up on it
+    restart_timeout: float = RESTART_TIMEOUT   # seconds to wait for a replacement worker or a restarted shard
     connect_timeout: float = CONNECT_TIMEOUT   # seconds to join a cluster (address) before giving up
     worker_resources: dict | None = None   # custom Ray resources each worker actor requests (placement)
     shard_resources: dict | None = None    # custom Ray resources each server shard requests (placement)

@@ -24,7 +24,8 @@ class Recovery:
             except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
                 if time.monotonic() > deadline:
                     raise RunError("a parameter-server shard died and was not restarted in "
-                                   f"{self.rt.restart_timeout:g} s; the run stopped") from None
+                                   f"{self.rt.restart_timeout:g} s; the run stopped (on a loaded machine Ray may take "
+                                   "minutes: give --restart-timeout SECONDS, e.g. 120)") from None
                 time.sleep(0.5)
         before = self.sharded.version
         self.ray.get([s.load.remote(p) for s, p in zip(self.shards, self.snapshot)])
