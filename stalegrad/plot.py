@@ -1,6 +1,6 @@
 """Figures from run directories: metric curves and staleness histograms.
 
-Needs matplotlib (``pip install 'stalegrad[plot]'``); it is imported only here.
+Needs matplotlib (``pip install 'matplotlib>=3.7'``); it is imported only here.
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "virtual_s",
     from .report_plots import _pyplot
     plt = _pyplot()
     if plt is None:
-        raise PlotError("plotting needs matplotlib: pip install 'stalegrad[plot]'")
+        raise PlotError("plotting needs matplotlib: pip install 'matplotlib>=3.7'")
     for d in map(Path, run_dirs):
         if not d.is_dir():
             raise PlotError(f"{d}: no such directory" if not d.exists() else f"{d}: not a directory")

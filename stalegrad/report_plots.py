@@ -1,6 +1,6 @@
 """How the report of ``report.py`` looks: table cells, the PNG figures and report.md.
 
-matplotlib (``pip install 'stalegrad[plot]'``) is imported inside the plotting functions only; without
+matplotlib (``pip install 'matplotlib>=3.7'``) is imported inside the plotting functions only; without
 it the report has its tables and says why it has no figures.
 """
 from __future__ import annotations
@@ -253,7 +253,7 @@ def make_plots(groups: list[dict], report: dict, out: Path, heat_axes, heat_why:
                        ("workers", _workers)):
         path = out / PLOTS[name][0]
         if plt is None:
-            why = "matplotlib is not installed (pip install 'stalegrad[plot]')"
+            why = "matplotlib is not installed (pip install 'matplotlib>=3.7')"
         elif name == "heatmap":
             why = draw(plt, groups, report, path, heat_axes, heat_why)
         else:

@@ -1,4 +1,4 @@
-"""TensorBoard logs of a run (``--tensorboard DIR``; ``pip install 'stalegrad[tensorboard]'``).
+"""TensorBoard logs of a run (``--tensorboard DIR``; ``pip install 'tensorboard>=2.14'``).
 
 The same figures as the run directory, as ``torch.utils.tensorboard`` writes them:
 
@@ -28,7 +28,7 @@ def check_logdir(logdir: str | Path) -> None:
     try:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError:
-        raise ConfigError("tensorboard", "needs the tensorboard package: pip install 'stalegrad[tensorboard]'") \
+        raise ConfigError("tensorboard", "needs the tensorboard package: pip install 'tensorboard>=2.14'") \
             from None
     if str(logdir) == "":     # torch would log into its default ./runs/<date>_<host>
         raise ConfigError("tensorboard", "is empty; give a directory name (. for the current directory)")

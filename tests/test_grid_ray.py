@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'stalegrad[ray]')")
+pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'ray>=2.9')")
 
 from stalegrad.grid_ray import capacity, install, version_problem  # noqa: E402
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'stalegrad[ray]'); "
+ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'ray>=2.9'); "
                                         "the Ray runtime's tests need it")
 
 from stalegrad.runtimes.ray.connect import probe  # noqa: E402

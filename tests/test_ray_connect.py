@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'stalegrad[ray]'); "
+ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'ray>=2.9'); "
                                         "the Ray runtime's tests need it")
 
 import stalegrad as sg  # noqa: E402

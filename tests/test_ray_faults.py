@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'stalegrad[ray]'); "
+ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'ray>=2.9'); "
                                         "the Ray runtime's tests need it")
 from ray.cluster_utils import Cluster  # noqa: E402
 

@@ -48,7 +48,7 @@ def test_without_the_package_it_is_one_line_and_nothing_runs(tmp_path, monkeypat
                  "--tensorboard", str(tmp_path / "tb")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
-    assert "--tensorboard needs the tensorboard package: pip install 'stalegrad[tensorboard]'" in err[0]
+    assert "--tensorboard needs the tensorboard package: pip install 'tensorboard>=2.14'" in err[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / "tb").exists()
 
 

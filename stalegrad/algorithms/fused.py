@@ -18,7 +18,7 @@ update them in ``fused_apply``, once per call: a kernel runs on the whole vector
 server's chunks.
 No fast-math: the same inputs give the same bits on every run (tests/test_fused.py).
 
-Optional: ``pip install 'stalegrad[fast]'`` brings numba. Without it, for tensors on a GPU,
+Optional: ``pip install 'numba>=0.59'`` brings numba. Without it, for tensors on a GPU,
 or with ``STALEGRAD_KERNELS=torch``, the server runs the rules' torch operators.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _load():
     try:
         from . import _numba_kernels
     except ImportError as e:     # numba is not installed (the 'fast' extra)
-        _unavailable = f"numba is not installed ({e}); pip install 'stalegrad[fast]'"
+        _unavailable = f"numba is not installed ({e}); pip install 'numba>=0.59'"
         return None
     _prefer_workqueue()
     _kernels = _numba_kernels.warm()

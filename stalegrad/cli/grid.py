@@ -48,7 +48,7 @@ def _echo_err(line: str) -> None:
               help="run again the finished cells whose options the file now changes (else that is an error)")
 @click.option("--no-report", is_flag=True, help="do not write DIR/report/ at the end")
 @click.option("--tensorboard", type=click.Path(file_okay=False), default=None,
-              help="TensorBoard logs of every run in DIR/<cell> (pip install 'stalegrad[tensorboard]')")
+              help="TensorBoard logs of every run in DIR/<cell> (pip install 'tensorboard>=2.14')")
 @click.option("--address", default=None,
               help="run the cells as Ray tasks on the cluster at HOST:PORT (or auto): one task per cell, retried "
                    "on another node when its node dies; every node needs this stalegrad and the data set "

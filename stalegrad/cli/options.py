@@ -154,7 +154,7 @@ def run_options(f):
                           "gradient and its alignment; writes --out/probes.jsonl (0: never; see README)"),
         click.option("--tensorboard", type=click.Path(file_okay=False), default=None,
                      help="also write TensorBoard logs (scalars, the tau histogram) to DIR (compare: DIR/ALGO); "
-                          "needs pip install 'stalegrad[tensorboard]'"),
+                          "needs pip install 'tensorboard>=2.14'"),
         click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
                      help="TOML file of options (keys as flag names); flags win"),
         click.option("--overwrite", is_flag=True, help="replace a run already in --out"),

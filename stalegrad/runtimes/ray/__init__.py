@@ -20,7 +20,7 @@ docs/cluster.md, Security), and it is shut down at the end, also on Ctrl-C or
 an error; ``address="auto"`` or ``"HOST:PORT"`` joins a running cluster. A Ray
 already initialised in this process (``ray.init`` by the caller) is used as it
 is and left running; the run's actors are killed either way. Ray is an
-optional extra: ``pip install 'stalegrad[ray]'``.
+optional extra: ``pip install 'ray>=2.9'``.
 
 Before anything is written (``check``), a cluster is joined once in a child
 process within ``connect_timeout`` seconds (``connect.probe``: refused,
@@ -59,7 +59,7 @@ INLINE_BYTES = 1 << 20
 LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_BYTES}
 _PROBED: dict = {}   # address -> (when, what connect.probe read): joined once per run, not per check
 
-INSTALL = "pip install 'stalegrad[ray]'"
+INSTALL = "pip install 'ray>=2.9'"
 
 
 def ray_module():
