@@ -32,17 +32,18 @@ from decisive import cell, difference, fmt, iv, load, per_seed, table  # noqa: E
 PARAM = {"dcasgd-c": "lam", "dcasgd-a": "lam0"}
 
 
-def rows_by_workers(report: dict) -> dict:
+def rows_by_workers(report: dict, args_dir="the grid") -> dict:
     """{M: {"asgd": sel, "dcasgd-c": {lam: sel}, "dcasgd-a": {lam0: sel}}}, each ``sel`` the report's
     selection with its per-seed test accuracies added (``acc``)."""
     accs = per_seed(report)
     out: dict = {}
     for s in report["protocol"]["selections"]:
         where = cell(s["where"])
-        if "workers" not in where:
-            sys.exit(f"lambda_sweep.py: a selection without a worker count ({s['algo']} {s['where']!r}); run a grid "
-                     "with workers as an axis (experiments/dcasgd_decisive_lambda.toml)")
-        m = int(where["workers"])
+        m = where.get("workers", s["cell"].get("workers"))    # a fixed worker count is in no label
+        if m is None:
+            sys.exit(f"lambda_sweep.py: a selection without a worker count ({s['algo']} {s['where']!r}); is "
+                     f"{args_dir} a grid of DC-ASGD runs (experiments/dcasgd_decisive_lambda.toml)?")
+        m = int(m)
         sel = {**s, "acc": accs.get((s["algo"], s["where"]), {})}
         if s["algo"] in PARAM:
             key = PARAM[s["algo"]]
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     if any(k in p["tune"] for k in PARAM.values()):
         sys.exit(f"lambda_sweep.py: {args.grid_dir}'s protocol tunes {', '.join(p['tune'])}; this script needs lam "
                  "and lam0 as cells (tune = [\"lr\"]), as in experiments/dcasgd_decisive_lambda.toml")
-    cells = rows_by_workers(report)
+    cells = rows_by_workers(report, args.grid_dir)
     lines = [f"# {args.title}", "",
              f"Selection: {p['statistic']} {', '.join(map(str, p['select_seeds']))} (the rate, per lambda; the "
              f"tuned rows: rate and lambda together); test accuracy on seeds {', '.join(map(str, p['report_seeds']))}; "

@@ -87,3 +87,14 @@ def test_a_grid_that_tunes_lambda_or_lacks_asgd_is_refused_in_one_line(tmp_path)
     with pytest.raises(SystemExit, match="no asgd selection at M = 8"):
         lambda_sweep.main([str(write(tmp_path / "b", report(with_asgd=False))), "--out", str(tmp_path / "o.md")])
     assert not (tmp_path / "o.md").exists()
+
+
+def test_a_fixed_worker_count_comes_from_the_cell_not_the_label(tmp_path):
+    # the cnn cell's grid fixes workers = 8: no label names it, the selection's cell does
+    rep = report()
+    for s in rep["protocol"]["selections"]:
+        s["where"] = " ".join(p for p in s["where"].split() if not p.startswith("workers=")) or "all runs"
+    out = tmp_path / "out.md"
+    lambda_sweep.main([str(write(tmp_path, rep)), "--out", str(out)])
+    text = out.read_text()
+    assert "### M = 8" in text and row(text, "**dcasgd-c, lam tuned**", "-> 1").endswith("| holds |")
