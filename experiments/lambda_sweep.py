@@ -27,30 +27,27 @@ from pathlib import Path
 from stalegrad.stats import verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decisive import cell, difference, fmt, iv, load, per_seed, table  # noqa: E402
+from decisive import difference, fmt, iv, load, per_seed, summary, table  # noqa: E402
 
 PARAM = {"dcasgd-c": "lam", "dcasgd-a": "lam0"}
 
 
 def rows_by_workers(report: dict, args_dir="the grid") -> dict:
     """{M: {"asgd": sel, "dcasgd-c": {lam: sel}, "dcasgd-a": {lam0: sel}}}, each ``sel`` the report's
-    selection with its per-seed test accuracies added (``acc``)."""
+    selection with its per-seed test accuracies added (``acc``). M and lambda come from the selection's
+    cell (every setting of its runs), not its label, which names only the settings that vary."""
     accs = per_seed(report)
     out: dict = {}
     for s in report["protocol"]["selections"]:
-        where = cell(s["where"])
-        m = where.get("workers", s["cell"].get("workers"))    # a fixed worker count is in no label
+        m = s["cell"].get("workers")
         if m is None:
             sys.exit(f"lambda_sweep.py: a selection without a worker count ({s['algo']} {s['where']!r}); is "
                      f"{args_dir} a grid of DC-ASGD runs (experiments/dcasgd_decisive_lambda.toml)?")
-        m = int(m)
         sel = {**s, "acc": accs.get((s["algo"], s["where"]), {})}
         if s["algo"] in PARAM:
-            key = PARAM[s["algo"]]
-            value = float(where.get(key, s["cell"].get(key, "nan")))
-            out.setdefault(m, {}).setdefault(s["algo"], {})[value] = sel
+            out.setdefault(int(m), {}).setdefault(s["algo"], {})[float(s["cell"][PARAM[s["algo"]]])] = sel
         else:
-            out.setdefault(m, {})[s["algo"]] = sel
+            out.setdefault(int(m), {})[s["algo"]] = sel
     return out
 
 
@@ -70,34 +67,32 @@ def lr_of(sel: dict) -> str:
     return (f"{lr:g}" if isinstance(lr, (int, float)) else "-") + (" (edge)" if sel.get("edges") else "")
 
 
-def section(m: int, cells: dict) -> tuple[list[str], list[tuple]]:
+def section(m: int, cells: dict) -> tuple[list[str], list[list[str]], list[list[str]]]:
+    """The table of one M, and its rows against asgd: one lambda at a time, and tuned."""
     asgd = cells.get("asgd")
     if asgd is None:
         sys.exit(f"lambda_sweep.py: no asgd selection at M = {m}; the grid must run asgd beside DC-ASGD")
     rows = [["asgd", "-", lr_of(asgd), fmt(asgd["score"]), iv(asgd["report_test_acc"]), "", ""]]
-    verdicts = []
+    fixed, tuned_rows = [], []
     for algo in ("dcasgd-c", "dcasgd-a"):
         by_value = cells.get(algo, {})
         if not by_value:
             continue
-        for value, sel in sorted(by_value.items()):
-            c = claim(sel, asgd)
-            rows.append([algo, f"{PARAM[algo]} {value:g}", lr_of(sel), fmt(sel["score"]),
-                         iv(sel["report_test_acc"]), *c])
-            verdicts.append((m, algo, f"{value:g}", c[1]))
+        each = [[algo, f"{PARAM[algo]} {value:g}", lr_of(sel), fmt(sel["score"]), iv(sel["report_test_acc"]),
+                 *claim(sel, asgd)] for value, sel in sorted(by_value.items())]
         best, sel = tuned(by_value)
-        c = claim(sel, asgd)
-        rows.append([f"**{algo}, {PARAM[algo]} tuned**", f"-> {best:g}", lr_of(sel), fmt(sel["score"]),
-                     iv(sel["report_test_acc"]), *c])
-        verdicts.append((m, algo, "tuned", c[1]))
+        best_row = [f"**{algo}, {PARAM[algo]} tuned**", f"-> {best:g}", lr_of(sel), fmt(sel["score"]),
+                    iv(sel["report_test_acc"]), *claim(sel, asgd)]
+        rows += each + [best_row]
+        fixed += each
+        tuned_rows.append(best_row)
         if len(by_value) > 1:
             lo, hi = min(by_value), max(by_value)
-            d = difference(by_value[hi]["acc"], by_value[lo]["acc"])
-            rows.append([f"{algo}: dose", f"{PARAM[algo]} {hi:g} - {lo:g}", "", "", "", iv(d),
-                         verdict(d["lo"], d["hi"], 0.0) if d["n"] > 1 else "-"])
+            rows.append([f"{algo}: dose", f"{PARAM[algo]} {hi:g} - {lo:g}", "", "", "", *claim(by_value[hi],
+                                                                                           by_value[lo])])
     head = ["algorithm", "setting", "selected lr", "validation score", "test acc [95% t] (n)",
             "difference from asgd [95% t] (n)", "more accurate than asgd"]
-    return [f"### M = {m}", "", *table(rows, head)], verdicts
+    return [f"### M = {m}", "", *table(rows, head)], fixed, tuned_rows
 
 
 def main(argv=None) -> int:
@@ -119,17 +114,14 @@ def main(argv=None) -> int:
     if p["edge_warnings"]:
         lines += [f"**Grid edges:** {len(p['edge_warnings'])} selected rate(s) at the edge of the grid, marked "
                   "(edge): the optimum may lie outside it, and those rows are provisional.", ""]
-    verdicts = []
+    fixed, tuned_rows = [], []
     for m in sorted(cells):
-        text, v = section(m, cells[m])
+        text, f, t = section(m, cells[m])
         lines += text
-        verdicts += v
-    count = lambda rows: ", ".join(f"{sum(r[3] == x for r in rows)} {x}" for x in   # noqa: E731
-                                   ("holds", "does not hold", "inconclusive") if any(r[3] == x for r in rows))
-    fixed = [v for v in verdicts if v[2] != "tuned"]
+        fixed, tuned_rows = fixed + f, tuned_rows + t
     lines += ["### Summary", "",
-              f"More accurate than ASGD, one lambda at a time: {count(fixed) or 'no figure'} "
-              f"(of {len(fixed)}); with lambda tuned on validation: {count([v for v in verdicts if v[2] == 'tuned']) or 'no figure'}.", ""]
+              f"More accurate than ASGD, one lambda at a time: {summary(fixed)} (of {len(fixed)}); with lambda "
+              f"tuned on validation: {summary(tuned_rows)}.", ""]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print(f"lambda_sweep.py: {args.out}")
