@@ -80,13 +80,14 @@ def section(m: int, cells: dict) -> tuple[list[str], list[list[str]], list[list[
             continue
         each = [[algo, f"{PARAM[algo]} {value:g}", lr_of(sel), fmt(sel["score"]), iv(sel["report_test_acc"]),
                  *claim(sel, asgd)] for value, sel in sorted(by_value.items())]
-        best, sel = tuned(by_value)
-        best_row = [f"**{algo}, {PARAM[algo]} tuned**", f"-> {best:g}", lr_of(sel), fmt(sel["score"]),
-                    iv(sel["report_test_acc"]), *claim(sel, asgd)]
-        rows += each + [best_row]
+        rows += each
         fixed += each
-        tuned_rows.append(best_row)
-        if len(by_value) > 1:
+        if len(by_value) > 1:   # one value is a fixed setting of the grid: nothing was tuned, no tuned row
+            best, sel = tuned(by_value)
+            best_row = [f"**{algo}, {PARAM[algo]} tuned**", f"-> {best:g}", lr_of(sel), fmt(sel["score"]),
+                        iv(sel["report_test_acc"]), *claim(sel, asgd)]
+            rows.append(best_row)
+            tuned_rows.append(best_row)
             lo, hi = min(by_value), max(by_value)
             rows.append([f"{algo}: dose", f"{PARAM[algo]} {hi:g} - {lo:g}", "", "", "", *claim(by_value[hi],
                                                                                            by_value[lo])])
@@ -107,9 +108,10 @@ def main(argv=None) -> int:
         sys.exit(f"lambda_sweep.py: {args.grid_dir}'s protocol tunes {', '.join(p['tune'])}; this script needs lam "
                  "and lam0 as cells (tune = [\"lr\"]), as in experiments/dcasgd_decisive_lambda.toml")
     cells = rows_by_workers(report, args.grid_dir)
+    some_tuned = any(len(v) > 1 for c in cells.values() for k, v in c.items() if k in PARAM)
+    tuned_how = "; the tuned rows: rate and lambda together" if some_tuned else ""
     lines = [f"# {args.title}", "",
-             f"Selection: {p['statistic']} {', '.join(map(str, p['select_seeds']))} (the rate, per lambda; the "
-             f"tuned rows: rate and lambda together); test accuracy on seeds {', '.join(map(str, p['report_seeds']))}; "
+             f"Selection: {p['statistic']} {', '.join(map(str, p['select_seeds']))} (the rate, per lambda{tuned_how}); test accuracy on seeds {', '.join(map(str, p['report_seeds']))}; "
              f"{report['compared']['runs']} runs. Differences are paired by seed; 95% t intervals.", ""]
     if p["edge_warnings"]:
         lines += [f"**Grid edges:** {len(p['edge_warnings'])} selected rate(s) at the edge of the grid, marked "
@@ -119,9 +121,10 @@ def main(argv=None) -> int:
         text, f, t = section(m, cells[m])
         lines += text
         fixed, tuned_rows = fixed + f, tuned_rows + t
+    tuned_text = (f"with lambda tuned on validation: {summary(tuned_rows)}" if tuned_rows else
+                  "no lambda was tuned (the grid fixes each algorithm's lambda)")
     lines += ["### Summary", "",
-              f"More accurate than ASGD, one lambda at a time: {summary(fixed)} (of {len(fixed)}); with lambda "
-              f"tuned on validation: {summary(tuned_rows)}.", ""]
+              f"More accurate than ASGD, one lambda at a time: {summary(fixed)} (of {len(fixed)}); {tuned_text}.", ""]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print(f"lambda_sweep.py: {args.out}")

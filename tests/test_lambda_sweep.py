@@ -98,3 +98,18 @@ def test_a_fixed_worker_count_comes_from_the_cell_not_the_label(tmp_path):
     lambda_sweep.main([str(write(tmp_path, rep)), "--out", str(out)])
     text = out.read_text()
     assert "### M = 8" in text and row(text, "**dcasgd-c, lam tuned**", "-> 1").endswith("| holds |")
+
+
+def test_a_lambda_the_grid_fixes_gets_no_tuned_row(tmp_path):
+    # dcasgd-a has the one lam0 2 here (a grid that carries lam0 over, as the cnn and 24-epoch cells do):
+    # a "tuned" row would present the grid's fixed value as a selection
+    rep = report()
+    rep["protocol"]["selections"] = [s for s in rep["protocol"]["selections"] if s["algo"] != "dcasgd-c"]
+    out = tmp_path / "out.md"
+    lambda_sweep.main([str(write(tmp_path, rep)), "--out", str(out)])
+    text = out.read_text()
+    assert "| dcasgd-a | lam0 2 |" in text and "lam0 tuned" not in text and "dose" not in text
+    assert "no lambda was tuned (the grid fixes each algorithm's lambda)" in text and "tuned rows" not in text
+    full = tmp_path / "full.md"
+    lambda_sweep.main([str(write(tmp_path / "f", report())), "--out", str(full)])
+    assert "lam tuned" in full.read_text() and "lam0 tuned" not in full.read_text()
