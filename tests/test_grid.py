@@ -130,7 +130,7 @@ def test_every_experiment_file_validates(path, run):
                 # 3 selection seeds: 10 seeds x 3 algos x 3 n x 2 windows x 4 lr
                 "agn_decisive_roundrobin": 8 * 3 * 2 * 2 * 4, "agn_decisive_roundrobin_downpour": 8 * 2 * 2 * 2 * 7,
                 "agn_decisive_roundrobin_fashion": 8 * 3 * 2 * 2 * 5,
-                "agn_thesis_cells": 8 * 2 * 4 * 4 * 4, "agn_decisive_agnmlp_cut": 3 * 2,
+                "agn_thesis_cells": 8 * 2 * 4 * 4 * 4, "agn_thesis_cells_odd": 8 * 2 * 3 * 3 * 4, "agn_decisive_agnmlp_cut": 3 * 2,
                 "agn_selection3": 10 * 3 * 3 * 2 * 4,
                 # issue 18's fourth pass: 10 seeds x 3 M x 4 lr x (asgd + 5 lam + 4 lam0)
                 "dcasgd_decisive_lambda": 10 * 3 * 4 * (1 + 5 + 4),
