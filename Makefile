@@ -34,7 +34,7 @@ demo: data
 	$(BIN)/stalegrad plot runs/demo --out runs/demo/curves.png --title "Fashion-MNIST, 8 simulated workers"
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 clean:
 	rm -rf runs .pytest_cache .hypothesis
