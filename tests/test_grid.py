@@ -134,10 +134,14 @@ def test_every_experiment_file_validates(path, run):
                 "agn_selection3": 10 * 3 * 3 * 2 * 4,
                 # issue 18's fourth pass: 10 seeds x 3 M x 4 lr x (asgd + 5 lam + 4 lam0)
                 "dcasgd_decisive_lambda": 10 * 3 * 4 * (1 + 5 + 4),
-                # the 24-epoch regime and the cnn cell: 8 seeds x algos x 3 lr
-                "dcasgd_decisive_long": 8 * 3 * 3, "dcasgd_decisive_cnn_cut": 10 * 2 * 3,
+                # the 24-epoch regime and the cnn cell: seeds x algos x lr
+                "dcasgd_decisive_long": 8 * 3 * 3, "dcasgd_decisive_cnn_cut": 10 * 2 * 4,
                 # lambda0 8 carried to M = 32, round-robin and momentum: seeds x 2 algos x M x lr (x 2 delays)
                 "dcasgd_decisive_lambda0_stress": 10 * 2 * 3 * 5 * 2, "dcasgd_decisive_lambda0_momentum": 8 * 2 * 2 * 4,
+                # the lambda0 sweep at M = 32: 10 seeds x 5 lr x (asgd + 4 lam0)
+                "dcasgd_decisive_lambda32": 10 * 5 * (1 + 4),
+                # DOWNPOUR and AGN at 5 epochs: 8 seeds x n x windows x lr
+                "agn_decisive_downpour5_cut": 8 * 3 * 2 * 8, "agn_decisive_agn5_cut": 8 * 3 * 2 * 4,
                 # issue 18's modelled temporal efficiency: 5 seeds x 2 algos x 2 windows x 2 lr
                 "te_modelled_demo": 5 * 2 * 2 * 2}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
