@@ -141,7 +141,9 @@ def test_every_experiment_file_validates(path, run):
                 # the lambda0 sweep at M = 32: 10 seeds x 5 lr x (asgd + 4 lam0)
                 "dcasgd_decisive_lambda32": 10 * 5 * (1 + 4),
                 # DOWNPOUR and AGN at 5 epochs: 8 seeds x n x windows x lr
-                "agn_decisive_downpour5_cut": 8 * 3 * 2 * 8, "agn_decisive_agn5_cut": 8 * 3 * 2 * 4,
+                "agn_decisive_downpour5_cut": 8 * 3 * 2 * 9,
+                # AGN RQ4 over seeds: 5 seeds x 2 n x 3 windows
+                "probes_agn_seeds": 5 * 2 * 3, "agn_decisive_agn5_cut": 8 * 3 * 2 * 4,
                 # issue 18's modelled temporal efficiency: 5 seeds x 2 algos x 2 windows x 2 lr
                 "te_modelled_demo": 5 * 2 * 2 * 2}
     assert f": {expected[path.stem]} cells (" in out and "every one valid" in out
