@@ -337,11 +337,14 @@ class GridRun:
         with contextlib.suppress(KeyboardInterrupt):      # a second Ctrl-C: no more waiting
             while any(p.poll() is None for p in running) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        for proc, (cell, _) in running.items():
+        for proc, (cell, t0) in running.items():
             if proc.poll() is None:
                 _signal(proc, signal.SIGKILL)
                 proc.wait()
-            self.records[cell.name]["exit_code"] = proc.returncode
+            if proc.returncode == 0 and is_finished(self.out / self.records[cell.name]["dir"]):
+                self._finish(cell, proc, t0)    # it ended before the signal reached it: done, not interrupted
+            else:
+                self.records[cell.name]["exit_code"] = proc.returncode
         for rec in self.records.values():
             if rec["status"] == "running":
                 rec.update(status="interrupted", reason="interrupted; rerun the grid to run it again")

@@ -367,12 +367,32 @@ def _ignore_sigint():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def test_a_child_that_ended_before_the_ctrl_c_is_recorded_done_not_interrupted(tmp_path):
+    grid = G.load_grid(write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1]\n'))
+    done, busy = grid.cells
+    run = G.GridRun(grid, tmp_path / "out", {c.name: "run" for c in grid.cells}, jobs=2, threads=1)
+    finished = tmp_path / "out" / "runs" / done.name
+    finished.mkdir(parents=True)
+    (finished / "summary.json").write_text(json.dumps({"final_test_acc": 0.5}))
+    (finished / "model.pt").write_bytes(b"weights")
+    ended = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    ended.wait()       # exited 0 with its run written, between the grid's last poll and the signal
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    for cell in grid.cells:
+        run.records[cell.name]["status"] = "running"
+    run._stop({ended: (done, time.monotonic()), sleeping: (busy, time.monotonic())})
+    assert run.records[done.name]["status"] == "done" and run.records[done.name]["final_test_acc"] == 0.5
+    assert run.records[busy.name]["status"] == "interrupted" and run.records[busy.name]["exit_code"] == -signal.SIGINT
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm-in-background"])
 def test_ctrl_c_stops_the_children_and_the_grid_continues_later(tmp_path, how):
     """Ctrl-C; or SIGTERM to a grid started in the background (nohup, `&`), which ignores SIGINT: its
     children must not inherit that, or the grid's SIGINT would not reach them (they were killed)."""
     out = tmp_path / "out"
-    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1, 2]\n')
+    # 100 epochs: a run of about 4 s here (0.2 epochs end in the 2 s below, racing the signal)
+    longer = TINY.replace("epochs = 0.2", "epochs = 100")
+    path = write(tmp_path, longer + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1, 2]\n')
     code = ("import sys, stalegrad.cli as c; from stalegrad.cli.grid import grid; c.cli.add_command(grid); "
             "sys.exit(c.main(sys.argv[1:]))")
     cmd = [sys.executable, "-c", code, "grid", str(path), "--out", str(out), "--jobs", "1", "--no-report"]
