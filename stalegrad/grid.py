@@ -53,7 +53,7 @@ from pathlib import Path
 from .errors import UsageError
 from .report_protocol import grid_protocol
 from .report_time import grid_time_model
-from .results import is_finished, last_line
+from .results import is_finished, last_line, write_json
 
 ALIASES = {"algos": "algo", "seeds": "seed"}
 REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "rerun the grid to resume it",
@@ -283,13 +283,11 @@ class GridRun:
         self.times, self.started = [], time.strftime("%FT%T%z")     # the run times of this invocation's cells
 
     def write(self) -> None:
-        from .results import write_json
         st = [r["status"] for r in self.records.values()]
         write_json(self.out / "grid.json", {
             "file": str(self.grid.path), "started": self.started, "updated": time.strftime("%FT%T%z"), **self.where(),
-            "fixed": self.grid.fixed, "axes": self.grid.axes,
-            "report": self.grid.report, "counts": {s: st.count(s) for s in dict.fromkeys(st)},
-            "cells": list(self.records.values())})
+            "fixed": self.grid.fixed, "axes": self.grid.axes, "report": self.grid.report,
+            "counts": {s: st.count(s) for s in dict.fromkeys(st)}, "cells": list(self.records.values())})
 
     def where(self) -> dict:    # how the cells run, for grid.json (grid_ray.RayGridRun: on which cluster)
         return {"jobs": self.jobs, "threads_per_job": self.threads}
@@ -341,10 +339,9 @@ class GridRun:
             if proc.poll() is None:
                 _signal(proc, signal.SIGKILL)
                 proc.wait()
+            self.records[cell.name]["exit_code"] = proc.returncode
             if proc.returncode == 0 and is_finished(self.out / self.records[cell.name]["dir"]):
                 self._finish(cell, proc, t0)    # it ended before the signal reached it: done, not interrupted
-            else:
-                self.records[cell.name]["exit_code"] = proc.returncode
         for rec in self.records.values():
             if rec["status"] == "running":
                 rec.update(status="interrupted", reason="interrupted; rerun the grid to run it again")
