@@ -135,7 +135,7 @@ def test_every_experiment_file_validates(path, run):
                 # issue 18's fourth pass: 10 seeds x 3 M x 4 lr x (asgd + 5 lam + 4 lam0)
                 "dcasgd_decisive_lambda": 10 * 3 * 4 * (1 + 5 + 4),
                 # the 24-epoch regime and the cnn cell: seeds x algos x lr
-                "dcasgd_decisive_long": 8 * 3 * 3, "dcasgd_decisive_cnn_cut": 10 * 2 * 4,
+                "dcasgd_decisive_long": 10 * 3 * 3, "dcasgd_decisive_cnn_cut": 10 * 2 * 4,
                 # lambda0 8 carried to M = 32, round-robin and momentum: seeds x 2 algos x M x lr (x 2 delays)
                 "dcasgd_decisive_lambda0_stress": 10 * 2 * 3 * 5 * 2, "dcasgd_decisive_lambda0_momentum": 10 * 2 * 2 * 4,
                 # the lambda0 sweep at M = 32: 10 seeds x 5 lr x (asgd + 4 lam0)
