@@ -1,8 +1,23 @@
-"""Small data sets and process helpers the tests share."""
+"""Small data sets, process helpers and the experiments' scripts, as the tests share them."""
+import importlib.util
 import os
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def experiment(name: str):
+    """experiments/<name>.py as a module: the scripts are no package, and some import each other."""
+    if str(EXPERIMENTS) not in sys.path:
+        sys.path.insert(0, str(EXPERIMENTS))
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def blobs(n=256, d=8, classes=3, seed=0):

@@ -1,17 +1,12 @@
 """experiments/agn_thesis.py: the thesis's cells beside ours, on protocol reports built by hand."""
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 from stalegrad.stats import t_interval
 
-HERE = Path(__file__).resolve().parents[1] / "experiments"
-sys.path.insert(0, str(HERE))
-SPEC = importlib.util.spec_from_file_location("agn_thesis", HERE / "agn_thesis.py")
-agn_thesis = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(agn_thesis)
+from helpers import experiment
+
+agn_thesis = experiment("agn_thesis")
 
 
 def report(entries, seeds=(1, 2, 3)) -> dict:

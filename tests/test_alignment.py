@@ -1,16 +1,13 @@
 """experiments/alignment.py: AGN RQ4 over seeds, on run directories with probes written by hand."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from stalegrad.stats import t_interval
 
-SPEC = importlib.util.spec_from_file_location("alignment", Path(__file__).resolve().parents[1] / "experiments" /
-                                              "alignment.py")
-alignment = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(alignment)
+from helpers import experiment
+
+alignment = experiment("alignment")
 
 
 def fake_run(root, window, seed, probes, workers=8):

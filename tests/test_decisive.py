@@ -1,17 +1,14 @@
 """experiments/decisive.py: the research questions' verdicts from a protocol report, on a report built by
 hand (the figures and seeds known), so each verdict can be checked against its definition."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
 from stalegrad.stats import t_interval
 
-SPEC = importlib.util.spec_from_file_location("decisive", Path(__file__).resolve().parents[1] / "experiments" /
-                                              "decisive.py")
-decisive = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(decisive)
+from helpers import experiment
+
+decisive = experiment("decisive")
 
 
 def test_within_a_margin_holds_only_when_the_whole_interval_is_inside_it():

@@ -1,18 +1,13 @@
 """experiments/lambda_sweep.py: DC-ASGD's lambda by lambda and tuned, on a report built by hand in the
 format of a protocol grid's report.json (tune = ["lr"], lam and lam0 as cells)."""
-import importlib.util
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[1] / "experiments"
-sys.path.insert(0, str(HERE))
-SPEC = importlib.util.spec_from_file_location("lambda_sweep", HERE / "lambda_sweep.py")
-lambda_sweep = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(lambda_sweep)
+from helpers import experiment
+
+lambda_sweep = experiment("lambda_sweep")
 
 SEEDS = [1, 2, 3]
 ASGD = [0.80, 0.82, 0.81]

@@ -1,17 +1,15 @@
 """experiments/leaderboard.py on grids built by hand: report.json files whose per-seed accuracies and times
 to target are known, so every interval, pairing, winner, verdict, edge flag and "never reached" can be
 checked against its definition (the t quantile below is the textbook value, not the code's)."""
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("leaderboard", Path(__file__).resolve().parents[1] / "experiments" /
-                                              "leaderboard.py")
-lb = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(lb)
+from helpers import experiment
+
+lb = experiment("leaderboard")
 
 T975_2 = 4.302652729911275   # t(0.975, 2 degrees of freedom): 3 reporting seeds
 SHARED = {"dataset": "fashion-mnist", "model": "mlp", "epochs": 5, "batch_size": 128, "val_split": 10000}

@@ -1,16 +1,13 @@
 """experiments/paired.py: two algorithms paired by seed, on run directories written by hand."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from stalegrad.stats import t_interval
 
-SPEC = importlib.util.spec_from_file_location("paired", Path(__file__).resolve().parents[1] / "experiments" /
-                                              "paired.py")
-paired = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(paired)
+from helpers import experiment
+
+paired = experiment("paired")
 
 
 def fake_run(root, algo, seed, final, lr=0.001):

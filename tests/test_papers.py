@@ -1,13 +1,11 @@
 """experiments/papers.py: the papers' claims computed from run directories, checked by hand."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("papers", Path(__file__).parent.parent / "experiments" / "papers.py")
-papers = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(papers)
+from helpers import experiment
+
+papers = experiment("papers")
 
 ON_TEST = papers.Rule(on_test=True)      # the superseded rule: these runs, as the old grids', have no validation
 

@@ -1,15 +1,10 @@
 """experiments/selection_seeds.py: two selections of the same runs compared, on reports built by hand."""
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[1] / "experiments"
-sys.path.insert(0, str(HERE))
-SPEC = importlib.util.spec_from_file_location("selection_seeds", HERE / "selection_seeds.py")
-selection_seeds = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(selection_seeds)
+from helpers import experiment
+
+selection_seeds = experiment("selection_seeds")
 
 
 def iv(mean):
