@@ -67,13 +67,15 @@ def lr_of(sel: dict) -> str:
     return (f"{lr:g}" if isinstance(lr, (int, float)) else "-") + (" (edge)" if sel.get("edges") else "")
 
 
-def section(m: int, cells: dict) -> tuple[list[str], list[list[str]], list[list[str]]]:
-    """The table of one M, and its rows against asgd: one lambda at a time, and tuned."""
+def section(m: int, cells: dict) -> tuple[list[str], list[list[str]], list[list[str]], list[str]]:
+    """The table of one M, its rows against asgd (one lambda at a time, and tuned), and a warning for each
+    tuned lambda at the smallest or largest value of a sweep of three or more (the protocol's no-edge rule,
+    applied to lambda as to the rate)."""
     asgd = cells.get("asgd")
     if asgd is None:
         sys.exit(f"lambda_sweep.py: no asgd selection at M = {m}; the grid must run asgd beside DC-ASGD")
     rows = [["asgd", "-", lr_of(asgd), fmt(asgd["score"]), iv(asgd["report_test_acc"]), "", ""]]
-    fixed, tuned_rows = [], []
+    fixed, tuned_rows, edges = [], [], []
     for algo in ("dcasgd-c", "dcasgd-a"):
         by_value = cells.get(algo, {})
         if not by_value:
@@ -84,16 +86,21 @@ def section(m: int, cells: dict) -> tuple[list[str], list[list[str]], list[list[
         fixed += each
         if len(by_value) > 1:   # one value is a fixed setting of the grid: nothing was tuned, no tuned row
             best, sel = tuned(by_value)
-            best_row = [f"**{algo}, {PARAM[algo]} tuned**", f"-> {best:g}", lr_of(sel), fmt(sel["score"]),
+            lo, hi = min(by_value), max(by_value)
+            at_edge = len(by_value) >= 3 and best in (lo, hi)
+            if at_edge:
+                edges.append(f"M = {m}: {algo}'s {PARAM[algo]} tuned to {best:g}, the "
+                             f"{'largest' if best == hi else 'smallest'} of its sweep")
+            best_row = [f"**{algo}, {PARAM[algo]} tuned**", f"-> {best:g}" + (" (edge)" if at_edge else ""),
+                        lr_of(sel), fmt(sel["score"]),
                         iv(sel["report_test_acc"]), *claim(sel, asgd)]
             rows.append(best_row)
             tuned_rows.append(best_row)
-            lo, hi = min(by_value), max(by_value)
             rows.append([f"{algo}: dose", f"{PARAM[algo]} {hi:g} - {lo:g}", "", "", "", *claim(by_value[hi],
                                                                                            by_value[lo])])
     head = ["algorithm", "setting", "selected lr", "validation score", "test acc [95% t] (n)",
             "difference from asgd [95% t] (n)", "more accurate than asgd"]
-    return [f"### M = {m}", "", *table(rows, head)], fixed, tuned_rows
+    return [f"### M = {m}", "", *table(rows, head)], fixed, tuned_rows, edges
 
 
 def main(argv=None) -> int:
@@ -116,11 +123,15 @@ def main(argv=None) -> int:
     if p["edge_warnings"]:
         lines += [f"**Grid edges:** {len(p['edge_warnings'])} selected rate(s) at the edge of the grid, marked "
                   "(edge): the optimum may lie outside it, and those rows are provisional.", ""]
-    fixed, tuned_rows = [], []
+    fixed, tuned_rows, edges, body = [], [], [], []
     for m in sorted(cells):
-        text, f, t = section(m, cells[m])
-        lines += text
-        fixed, tuned_rows = fixed + f, tuned_rows + t
+        text, f, t, e = section(m, cells[m])
+        body += text
+        fixed, tuned_rows, edges = fixed + f, tuned_rows + t, edges + e
+    if edges:
+        lines += [f"**Sweep edges:** {'; '.join(edges)}, marked (edge): a larger or smaller lambda may do better, "
+                  "so those tuned rows are provisional until the sweep is extended past them.", ""]
+    lines += body
     tuned_text = (f"with lambda tuned on validation: {summary(tuned_rows)}" if tuned_rows else
                   "no lambda was tuned (the grid fixes each algorithm's lambda)")
     lines += ["### Summary", "",

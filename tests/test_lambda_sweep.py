@@ -108,3 +108,20 @@ def test_a_lambda_the_grid_fixes_gets_no_tuned_row(tmp_path):
     full = tmp_path / "full.md"
     lambda_sweep.main([str(write(tmp_path / "f", report())), "--out", str(full)])
     assert "lam tuned" in full.read_text() and "lam0 tuned" not in full.read_text()
+
+
+def test_a_lambda_tuned_at_the_end_of_its_sweep_is_marked_and_warned(tmp_path):
+    # lam 64, the largest of 0.04, 1, 64, made best on validation: the protocol's no-edge rule for lambda
+    rep = report()
+    for sel in rep["protocol"]["selections"]:
+        if sel["cell"].get("lam") == 64.0:
+            sel["score"] = 0.72
+    out = tmp_path / "out.md"
+    lambda_sweep.main([str(write(tmp_path, rep)), "--out", str(out)])
+    text = out.read_text()
+    assert row(text, "**dcasgd-c, lam tuned**", "-> 64 (edge)").endswith("| does not hold |")
+    assert "**Sweep edges:** M = 8: dcasgd-c's lam tuned to 64, the largest of its sweep, marked (edge)" in text
+    # an interior choice (lam 1, the report as built) carries neither the mark nor the warning
+    plain = tmp_path / "plain.md"
+    lambda_sweep.main([str(write(tmp_path / "p", report())), "--out", str(plain)])
+    assert "Sweep edges" not in plain.read_text() and "-> 1 |" in plain.read_text()
