@@ -11,7 +11,8 @@ Each GRID_DIR is a finished protocol grid (its report/report.json, selected on v
 another (the leaderboard splits them) as long as the cell (data set, delay, n, window) is the same. For
 every thesis cell that our grids ran, this prints both accuracies, AGN − AEASGD from the thesis (one run)
 and ours (the paired per-seed differences on the reporting seeds, 95% t interval, ``stats.verdict``), and
-whether the two agree on the direction. Our window is the thesis's λ.
+whether the two agree on the direction; then the counts of both, and the differences as an n × λ matrix per
+delay model, ours beside the thesis's. Our window is the thesis's λ.
 """
 from __future__ import annotations
 
@@ -100,11 +101,41 @@ def compare(reports: list[dict]) -> tuple[list[dict], list[str]]:
                     rows[-1]["direction"]])
     lines = table(out, ["n", "λ (window)", "our delays", "AGN thesis", "AGN ours", "AEASGD thesis", "AEASGD ours",
                         "AGN − AEASGD thesis", "AGN − AEASGD ours", "ours: AGN above AEASGD", "direction"])
-    dirs = [r["direction"] for r in rows]
+    dirs, verdicts = [r["direction"] for r in rows], [r["verdict"] for r in rows]
+    thesis = [r["thesis"]["agn"] - r["thesis"]["aeasgd"] for r in rows]
+    lines.append(f"Ours, AGN above AEASGD: holds in {verdicts.count(HOLDS)}, does not hold in "
+                 f"{verdicts.count(DOES_NOT_HOLD)}, inconclusive in {len(rows) - verdicts.count(HOLDS) - verdicts.count(DOES_NOT_HOLD)}; "
+                 f"the thesis has AGN ahead in {sum(d > 0 for d in thesis)}, AEASGD ahead in "
+                 f"{sum(d < 0 for d in thesis)}, a tie in {sum(d == 0 for d in thesis)}.")
     lines.append(f"{len(rows)} cells: the direction agrees in {dirs.count('same')}, is opposite in "
                  f"{dirs.count('**opposite**')}, ours is inconclusive in "
                  f"{sum(x.startswith('- (ours') for x in dirs)}.")
     return rows, lines
+
+
+def matrix(rows: list[dict]) -> list[str]:
+    """AGN − AEASGD in points as an n × λ table per delay model: ours (bold where our interval excludes 0),
+    the thesis's in brackets; a cell we did not run is a dot."""
+    out = []
+    for delay in sorted({r["delay"] for r in rows}):
+        cells = {(r["n"], r["window"]): r for r in rows if r["delay"] == delay}
+        ns, ws = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
+        body = []
+        for n in ns:
+            line = [str(n)]
+            for w in ws:
+                r = cells.get((n, w))
+                if r is None:
+                    line.append("·")
+                    continue
+                ours = f"{100 * r['agn_minus_aeasgd']['mean']:+.2f}"
+                ours = f"**{ours}**" if r["verdict"] in (HOLDS, DOES_NOT_HOLD) else ours
+                line.append(f"{ours} ({r['thesis']['agn'] - r['thesis']['aeasgd']:+.2f})")
+            body.append(line)
+        out += ["", f"AGN − AEASGD in points, {delay} delays: ours, in bold where its 95% interval excludes 0, and the "
+                    "thesis's in brackets; rows n, columns λ (our window).", ""]
+        out += table(body, ["n \\ λ"] + [str(w) for w in ws])
+    return out
 
 
 def main(argv=None) -> int:
@@ -121,7 +152,7 @@ def main(argv=None) -> int:
             "thesis: the 4.8M-parameter MLP, 40 epochs, a Spark cluster, one run a cell, MNIST's test set. Ours: the "
             "grids' setting (their files say it), each rate selected on validation accuracy, 95% t intervals over the "
             "reporting seeds, AGN − AEASGD paired by seed. Our window is the thesis's λ.", ""]
-    text = "\n".join(head + lines) + "\n"
+    text = "\n".join(head + lines + matrix(rows)) + "\n"
     if args.out:
         Path(args.out).write_text(text)
     else:

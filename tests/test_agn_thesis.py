@@ -39,6 +39,21 @@ def test_cells_pair_across_grids_and_their_direction_is_checked_against_the_thes
     assert first["agn"]["mean"] == pytest.approx(0.975)        # the selection seed's 0.0 is not averaged in
     assert "| 10 | 10 | gamma:2 | 98.43 | 97.50 [" in "\n".join(lines) and "-0.21" in "\n".join(lines)
     assert lines[-1] == "2 cells: the direction agrees in 1, is opposite in 1, ours is inconclusive in 0."
+    assert lines[-2] == ("Ours, AGN above AEASGD: holds in 2, does not hold in 0, inconclusive in 0; the thesis has AGN "
+                         "ahead in 1, AEASGD ahead in 1, a tie in 0.")
+
+
+def test_the_matrix_puts_each_cell_at_its_n_and_lambda_with_the_thesis_beside_it():
+    # two cells on a diagonal: the matrix is 2 x 2, the two cells we did not run are dots; AGN ahead on every
+    # seed at (10, 10) (bold: its interval excludes 0), undecided at (40, 40) (plain).
+    agn = report([("agn", 10, 10, [0.97, 0.98, 0.975]), ("agn", 40, 40, [0.93, 0.92, 0.925])])
+    ae = report([("aeasgd", 10, 10, [0.96, 0.971, 0.966]), ("aeasgd", 40, 40, [0.935, 0.91, 0.93])])
+    rows, _ = agn_thesis.compare([agn, ae])
+    lines = agn_thesis.matrix(rows)
+    at = lines.index("| n \\ λ | 10 | 40 |")
+    mean = 100 * (0.975 - (0.96 + 0.971 + 0.966) / 3)
+    assert lines[at + 2] == f"| 10 | **{mean:+.2f}** (-0.21) | · |"
+    assert lines[at + 3] == f"| 40 | · | {100 * (0.925 - 0.925):+.2f} (+0.73) |"
 
 
 def test_an_undecided_difference_takes_no_side():
