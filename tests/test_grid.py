@@ -130,16 +130,22 @@ def test_every_experiment_file_validates(path, run):
                 # 3 selection seeds: 10 seeds x 3 algos x 3 n x 2 windows x 4 lr
                 "agn_decisive_roundrobin": 8 * 3 * 2 * 2 * 4, "agn_decisive_roundrobin_downpour": 8 * 2 * 2 * 2 * 7,
                 "agn_decisive_roundrobin_fashion": 8 * 3 * 2 * 2 * 5,
-                "agn_thesis_cells": 8 * 2 * 4 * 4 * 4, "agn_thesis_cells_odd": 8 * 2 * 3 * 3 * 4, "agn_decisive_agnmlp_cut": 3 * 2,
+                "agn_thesis_cells": 8 * 2 * 4 * 4 * 4, "agn_thesis_cells_odd": 8 * 2 * 3 * 3 * 4,
+                "agn_thesis_cells_odd_n": 8 * 2 * 3 * 4 * 4, "agn_thesis_cells_odd_window": 8 * 2 * 4 * 3 * 4,
+                "agn_decisive_agnmlp_cut": 3 * 2,
                 "agn_selection3": 10 * 3 * 3 * 2 * 4,
                 # issue 18's fourth pass: 10 seeds x 3 M x 4 lr x (asgd + 5 lam + 4 lam0)
                 "dcasgd_decisive_lambda": 10 * 3 * 4 * (1 + 5 + 4),
                 # the 24-epoch regime and the cnn cell: seeds x algos x lr
-                "dcasgd_decisive_long": 10 * 3 * 3, "dcasgd_decisive_cnn_cut": 10 * 2 * 4,
+                "dcasgd_decisive_long": 10 * 3 * 3,
+                "dcasgd_decisive_long16": 10 * 4 * (1 + 2 + 1), "dcasgd_decisive_cnn_cut": 10 * 2 * 4,
                 # lambda0 8 carried to M = 32, round-robin and momentum: seeds x 2 algos x M x lr (x 2 delays)
                 "dcasgd_decisive_lambda0_stress": 10 * 2 * 3 * 5 * 2, "dcasgd_decisive_lambda0_momentum": 10 * 2 * 2 * 4,
                 # the lambda0 sweep at M = 32: 10 seeds x 5 lr x (asgd + 4 lam0)
                 "dcasgd_decisive_lambda32": 10 * 5 * (1 + 4),
+                # the lambda0 sweep under round-robin and with momentum: 10 seeds x 2 M x lr x (asgd + 5 lam0)
+                "dcasgd_decisive_lambda0_roundrobin": 10 * 2 * 5 * (1 + 5),
+                "dcasgd_decisive_lambda0_sweep_momentum": 10 * 2 * 5 * (1 + 5),
                 # DOWNPOUR and AGN at 5 epochs: 8 seeds x n x windows x lr
                 "agn_decisive_downpour5_cut": 8 * 3 * 2 * 9,
                 # AGN RQ4 over seeds: 5 seeds x 2 n x 3 windows
