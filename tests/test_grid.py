@@ -134,8 +134,12 @@ def test_every_experiment_file_validates(path, run):
                 "agn_thesis_cells_odd_n": 8 * 2 * 3 * 4 * 4, "agn_thesis_cells_odd_window": 8 * 2 * 4 * 3 * 4,
                 "agn_decisive_agnmlp_cut": 3 * 2,
                 "agn_selection3": 10 * 3 * 3 * 2 * 4,
+                # the 49 thesis cells on 3 selection seeds: 10 seeds x 2 algos x 7 n x 7 windows x 4 lr
+                "agn_thesis_selection3": 10 * 2 * 7 * 7 * 4,
                 # issue 18's fourth pass: 10 seeds x 3 M x 4 lr x (asgd + 5 lam + 4 lam0)
                 "dcasgd_decisive_lambda": 10 * 3 * 4 * (1 + 5 + 4),
+                # DC-ASGD-c's lambda past 64: 10 seeds x 2 M x 5 lr x (asgd + 4 lam); its confirmation: 7 seeds x 2
+                "dcasgd_decisive_lambda_past64": 10 * 2 * 5 * (1 + 4), "dcasgd_decisive_lambda256_confirm": 7 * 2,
                 # the 24-epoch regime and the cnn cell: seeds x algos x lr
                 "dcasgd_decisive_long": 10 * 3 * 3,
                 "dcasgd_decisive_long16": 10 * 4 * (1 + 2 + 1), "dcasgd_decisive_cnn_cut": 10 * 2 * 4,
