@@ -97,7 +97,7 @@ def compare(reports: list[dict]) -> tuple[list[dict], list[str]]:
                      "agn": a, "aeasgd": b, "agn_minus_aeasgd": d, "verdict": v,
                      "direction": direction(v, thesis["agn_minus_aeasgd"])})
         pct = lambda f: f"{100 * f['mean']:.2f} [{100 * f['lo']:.2f}, {100 * f['hi']:.2f}]"  # noqa: E731
-        out.append([str(n), str(w), delay, f"{t_agn:.2f}", pct(a), f"{t_ae:.2f}", pct(b), f"{t_agn - t_ae:+.2f}",
+        out.append([str(n), str(w), delay, f"{t_agn:.2f}", pct(a), f"{t_ae:.2f}", pct(b), f"{thesis['agn_minus_aeasgd']:+.2f}",
                     f"{100 * d['mean']:+.2f} [{100 * d['lo']:+.2f}, {100 * d['hi']:+.2f}] (n={d['n']})", v,
                     rows[-1]["direction"]])
     lines = table(out, ["n", "λ (window)", "our delays", "AGN thesis", "AGN ours", "AEASGD thesis", "AEASGD ours",
