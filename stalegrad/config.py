@@ -18,10 +18,29 @@ from .algorithms import Algorithm, make_algorithm
 from .errors import ConfigError, check_finite_positive
 from .models.init import INITS
 
-PARTITIONS = ("shard", "iid")
+PARTITIONS = ("shard", "iid", "replicate:K")   # as the help lists them; parse_partition reads a value
+MAX_COPIES = 128   # replicate:K holds K x N sample indices; dist-keras' largest MNIST file had 101 copies
 ON_NONFINITE = ("skip", "stop")
 MAX_SEED = 2**32 - 1   # the mini-batch streams derive per-worker seeds from it in 64 bits
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def parse_partition(partition) -> tuple[str, int]:
+    """``(layout, copies)`` of a ``partition`` value: ``("shard", 1)``, ``("iid", 1)`` or ``("replicate", K)``.
+
+    ``replicate:K`` is the thesis's layout (Hermans 2017, through dist-keras): the training set written K
+    times over, one random permutation of the K x N rows dealt into one contiguous slice per worker (Spark's
+    ``repartition(n)``), so a worker holds K x N / n rows, some of them twice, with about
+    N (1 - (1 - 1/n)^K) distinct samples. An epoch still counts N samples (one pass over the data set given),
+    as under every layout: the thesis's "40 epochs" over its 11 copies are ``--epochs 440``."""
+    if partition in ("shard", "iid"):
+        return partition, 1
+    if isinstance(partition, str) and partition.startswith("replicate:"):
+        k = partition.split(":", 1)[1]
+        if k.isdigit() and 1 <= int(k) <= MAX_COPIES:
+            return "replicate", int(k)
+    raise ConfigError("partition", f"must be shard, iid or replicate:K with K copies from 1 to {MAX_COPIES} "
+                                   f"(the thesis's layout: replicate:11), got {partition!r}")
 
 
 @dataclass
@@ -102,7 +121,7 @@ class RunConfig:
                 raise ConfigError("lr_gamma", f"is {lr_gamma:g}: after milestone {k} the learning rate {lr:g} x "
                                               f"{lr_gamma:g}^{k} is {scheduled:g}, not a finite number > 0; "
                                               "give a gamma that keeps it one, e.g. 0.1")
-        _choice("partition", self.partition, PARTITIONS)
+        parse_partition(self.partition)
         _choice("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice("init", self.init, INITS)
         if not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
@@ -188,12 +207,14 @@ class RunConfig:
                                         f"{self.epochs:g} epoch{'s' * (format(self.epochs, 'g') != '1')} ({budget} samples); give at most window "
                                         f"{max(1, budget // self.batch_size)}, or more epochs",
                               self.algorithm.name, mentions=("window",))
-        per_worker = n if self.partition == "iid" else n // self.workers
-        if self.batch_size > per_worker and held and self.batch_size <= (total if self.partition == "iid"
-                                                                         else total // self.workers):
+        layout, copies = parse_partition(self.partition)
+        per_worker = n if layout == "iid" else n * copies // self.workers
+        if self.batch_size > per_worker and held and self.batch_size <= (total if layout == "iid"
+                                                                         else total * copies // self.workers):
+            most = total - (self.batch_size if layout == "iid" else -(-self.batch_size * self.workers // copies))
             raise ConfigError("val_split", f"holds out {held} of the {total} training samples, leaving each worker "
                                            f"{per_worker}, fewer than a mini-batch of {self.batch_size}; hold out at "
-                                           f"most {total - self.batch_size * (1 if self.partition == 'iid' else self.workers)}")
+                                           f"most {most}")
         if self.batch_size > per_worker:
             raise ConfigError("batch_size", f"is {self.batch_size}, larger than each worker's {per_worker} samples "
                                             f"({n} samples, {self.workers} workers); lower it or the workers, "

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .algorithms import Algorithm
-from .config import PARTITIONS
+from .config import parse_partition
 from .errors import ConfigError
 from .server import to_device
 
@@ -85,16 +85,20 @@ class BatchStream:
     ``shard``: the worker owns a disjoint slice of a fixed permutation of the
     training set (dist-keras' partitions) and reshuffles it at every pass.
     ``iid``: every pass is a fresh permutation of the whole set.
+    ``replicate:K``: the worker owns a slice of a fixed permutation of K copies of the
+    set (the thesis's layout, ``config.parse_partition``), duplicates included.
     """
 
     def __init__(self, num_samples: int, worker: int, num_workers: int, batch_size: int,
                  partition: str = "shard", seed: int = 0):
-        if partition not in PARTITIONS:
-            raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
+        layout, copies = parse_partition(partition)
         split = torch.Generator().manual_seed(seed)
-        order = torch.randperm(num_samples, generator=split)
-        if partition == "shard":
+        if layout == "shard":
+            order = torch.randperm(num_samples, generator=split)
             self.pool = order.tensor_split(num_workers)[worker].clone()
+        elif layout == "replicate":   # one permutation of the K copies' rows; row r is sample r mod N
+            order = torch.randperm(num_samples * copies, generator=split)
+            self.pool = order.tensor_split(num_workers)[worker].remainder(num_samples)
         else:
             self.pool = torch.arange(num_samples)
         if batch_size > len(self.pool):

@@ -230,7 +230,7 @@ def test_a_batch_larger_than_a_shard_is_refused():
     with pytest.raises(ValueError, match="batch size 5 is larger than worker 0's 3 samples"):
         BatchStream(10, 0, 4, 5, "shard")
     BatchStream(10, 0, 4, 5, "iid")                    # the whole set is big enough
-    with pytest.raises(ValueError, match="partition must be one of"):
+    with pytest.raises(ValueError, match="partition must be shard, iid or replicate:K"):
         BatchStream(10, 0, 4, 5, "random")
 
 

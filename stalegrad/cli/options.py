@@ -138,8 +138,10 @@ def run_options(f):
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--data-dir", type=click.Path(file_okay=False), default=None,
                      help="where the data set lies (else $STALEGRAD_DATA, the cache, /usr/share/datasets)"),
-        click.option("--partition", type=click.Choice(PARTITIONS), default="shard", show_default=True,
-                     help="shard: disjoint shard per worker; iid: every worker samples the whole set"),
+        click.option("--partition", default="shard", show_default=True, metavar="|".join(PARTITIONS),
+                     help="shard: disjoint shard per worker; iid: every worker samples the whole set; "
+                          "replicate:K: the set K times over, dealt to the workers (the thesis's layout: "
+                          "replicate:11); an epoch is always one pass's worth of the set given"),
         click.option("--val-split", type=float, default=0, show_default=True, metavar="N",
                      help="hold N training samples (an integer, or a fraction in (0, 1)) out of training, the same "
                           "ones for every seed; each evaluation then records val_acc and val_loss (0: none)"),

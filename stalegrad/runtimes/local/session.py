@@ -67,7 +67,7 @@ class _Session:
         self.evaluator: _Evaluator | None = None
         self.adopt: dict[int, list] = {m: [] for m in range(M)}   # shard parts to send before the next message
         self.pools = None                         # each worker's shard, for reassigning a lost one's
-        if self.factory.partition == "shard":
+        if self.factory.partition != "iid":
             if self.saved is None:
                 self.pools = [self.factory.stream(m).pool for m in range(M)]
             else:

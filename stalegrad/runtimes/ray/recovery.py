@@ -72,7 +72,7 @@ class Recovery:
         self.server.version = self.sharded.version
         survivors = sorted(self.live)
         text = f"worker {m} lost at update {self.sharded.version} and not replaced (no room in the cluster)"
-        if survivors and self.factory.partition == "shard":
+        if survivors and self.factory.partition != "iid":
             for s, part in zip(survivors, self.pools[m].tensor_split(len(survivors))):
                 self.pools[s] = torch.cat([self.pools[s], part])
                 self.actors[s].adopt.remote(part.numpy())
