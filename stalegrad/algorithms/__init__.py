@@ -6,6 +6,7 @@ import warnings
 from ..errors import ConfigError
 from .agn import AGN, AccumulatedCommit, CommitAlgorithm, Downpour
 from .base import Algorithm, GradientAlgorithm
+from .controls import DCASGDAdaptiveScrambled
 from .dana import DANADC, DANAZero
 from .dcasgd import DCASGDAdaptive, DCASGDConstant
 from .dynsgd import DynSGD
@@ -17,7 +18,7 @@ from .sgd import ASGD, SGD, SSGD
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (SGD, SSGD, ASGD, DCASGDConstant, DCASGDAdaptive, AGN, Downpour, DynSGD, EASGD, AEASGD,
-                StalenessAwareASGD, GapAware, DANAZero, DANADC, DiLoCo, AsyncLocalSGD)
+                StalenessAwareASGD, GapAware, DANAZero, DANADC, DiLoCo, AsyncLocalSGD, DCASGDAdaptiveScrambled)
 }
 
 
