@@ -29,7 +29,7 @@ val_split) are refused: no rate can be selected on them without the test set.
 
 ``--select-on-test`` is the superseded rule of docs/results/*/papers.md, kept to reproduce those pages:
 the rate with the highest mean final TEST accuracy over every seed, reported on those same seeds, so
-the accuracies at the selected rate are optimistic by the selection's noise (docs/results/decisive/
+the accuracies at the selected rate are optimistic by the selection's noise (docs/results/archive/decisive/
 supersedes them). The grids of those pages had one rate per AGN cell, so their AGN tables are the same.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ from stalegrad.selection import select
 
 DC_ALGOS = ("sgd", "ssgd", "asgd", "dcasgd-c", "dcasgd-a")
 AGN_ALGOS = ("agn", "aeasgd", "dynsgd", "downpour")
-SUPERSEDED_BY = "docs/results/decisive/"
+SUPERSEDED_BY = "docs/results/archive/decisive/"
 
 
 class Refused(Exception):

@@ -51,7 +51,7 @@ def test_gap_closure_and_the_learning_rate_rules(tmp_path):
     assert sgds["closure"]["dcasgd-a"][0] == pytest.approx((2 / 3 + 0.8) / 2)
     assert "| 8 | 0.9100 ± 0.0141 (0.1) | - | 0.7100 ± 0.0141 (0.03) |" in text
     assert text.splitlines()[0].startswith("**Superseded:** the learning rate here was selected on the TEST set")
-    assert "docs/results/decisive/" in text.splitlines()[0]
+    assert "docs/results/archive/decisive/" in text.splitlines()[0]
     assert result["selection"]["on"] == "test"
 
 
