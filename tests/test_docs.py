@@ -74,4 +74,13 @@ def test_the_documentation_site_builds_strictly_without_a_warning(tmp_path):
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     assert not [line for line in output.splitlines() if "WARNING" in line], output
-    assert (tmp_path / "site" / "api" / "training.html").read_text().count('id="stalegrad.training.train"') == 1
+    # mkdocstrings passes over a member that a ::: block names but the module lacks: every one is on its page
+    for page in (ROOT / "docs" / "api").glob("*.md"):
+        html = (tmp_path / "site" / "api" / page.with_suffix(".html").name).read_text()
+        blocks = re.findall(r"^::: ([\w.]+)\n((?:    .*\n)*)", page.read_text(), flags=re.M)
+        assert blocks, page
+        for identifier, options in blocks:
+            members = re.search(r"members: \[(.*)\]", options)
+            names = [f"{identifier}.{m.strip()}" for m in members.group(1).split(",")] if members else [identifier]
+            missing = [name for name in names if f'id="{name}"' not in html]
+            assert not missing, f"{page.name}: {missing} not rendered"
