@@ -6,14 +6,14 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: install demo test data clean
+.PHONY: install demo test data clean docs docs-serve
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,plot,ray,tensorboard,fast]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,plot,ray,tensorboard,fast,docs]"
 	touch $@
 
 # Fashion-MNIST: Debian's package where we may install it, else the checked download.
@@ -35,6 +35,14 @@ demo: data
 
 test: install
 	$(BIN)/python -m pytest -q --durations=25
+
+# The documentation site (mkdocs.yml): built offline into build/site, strict (a broken link, anchor or
+# API reference is an error); docs-serve previews it at http://127.0.0.1:8000 and rebuilds on a change.
+docs: install
+	$(BIN)/mkdocs build --strict
+
+docs-serve: install
+	$(BIN)/mkdocs serve
 
 clean:
 	rm -rf runs .pytest_cache .hypothesis
