@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 
-from .report_protocol import arm_label
-from .selection import select
+from .report_protocol import NUM_CLASSES, arm_label
+from .selection import run_failure, select
 
 
 def setting(cell) -> dict:
@@ -42,6 +42,14 @@ def split(cells: list, spec: dict | None) -> tuple[list, list]:
     report = set(spec["report_seeds"])
     first = [c for c in cells if c.options.get("seed", 0) not in report]
     return first, [c for c in cells if c.options.get("seed", 0) in report]
+
+
+def failed_runs(records) -> dict:
+    """Cell name -> why its finished run failed (``selection.run_failure``: diverged, or a final accuracy
+    not finite or at chance), from the grid's records (grid.json's cells, which copy ``diverged``,
+    ``final_val_acc`` and ``final_test_acc`` from summary.json); only finished cells are judged."""
+    return {r["name"]: why for r in records
+            if r["status"] in ("done", "skipped") and (why := run_failure(r, NUM_CLASSES))}
 
 
 def choose(first: list, second: list, spec: dict, val_acc: dict, failures: dict | None = None) -> tuple[list, list]:

@@ -26,10 +26,8 @@ import click
 from ..errors import ConfigError, RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
 from ..progress import count, eta
-from ..report_protocol import NUM_CLASSES
 from ..results import is_finished
-from ..selection import run_failure
-from ..stages import choose, split
+from ..stages import choose, failed_runs, split
 
 
 def _echo_err(line: str) -> None:
@@ -187,9 +185,7 @@ def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> lis
     records = [runner.records[c.name] for c in first]
     val = {r["name"]: r["final_val_acc"] for r in records
            if r["status"] in ("done", "skipped") and r.get("final_val_acc") is not None}
-    failed = {r["name"]: why for r in records     # diverged or at chance: its setting scores NaN (selection.py)
-              if r["status"] in ("done", "skipped") and (why := run_failure(r, NUM_CLASSES))}
-    chosen, picks = choose(first, second, spec, val, failed)
+    chosen, picks = choose(first, second, spec, val, failed_runs(records))
     names = {c.name for c in chosen}
     for c in second:
         if c.name in names:
@@ -201,8 +197,7 @@ def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> lis
     todo = sum(runner.actions[c.name] != "skip" for c in chosen)
     _echo_err(f"grid: stage 2 of 2 (the reporting seeds of the {len(picks) - len(none)} selected settings): "
               f"{count(len(chosen), 'cell')}, {len(chosen) - todo} already done, {todo} to run"
-              + (f"; {len(none)} cell(s) selected nothing (no finished, not failed run of every selection seed)"
-                 if none else ""))
+              + (f"; {len(none)} cell(s) selected nothing (a selection seed missing or failed)" if none else ""))
     runner.write()
     return chosen
 
