@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from .errors import UsageError
-from .selection import edge_text, select
+from .selection import edge_text, failure_rate, run_failure, select
 from .stats import (DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, LEVEL, bootstrap, ratio_of_gaps, t_interval,
                     verdict)
 
@@ -91,6 +91,16 @@ def _seed_values(group: dict, key: str, seeds) -> dict:
     return {r["seed"]: r["summary"].get(key) for r in group["runs"] if r["seed"] in seeds}
 
 
+# summary.json does not record the number of classes; every data set stalegrad loads has 10
+# (tests/test_selection.py checks data.DATASETS), so a run is at chance against 10 classes.
+NUM_CLASSES = 10
+
+
+def _failures(group: dict, seeds) -> dict:
+    """seed -> why its run failed (``selection.run_failure``) or None, for the group's runs of ``seeds``."""
+    return {r["seed"]: run_failure(r["summary"], NUM_CLASSES) for r in group["runs"] if r["seed"] in seeds}
+
+
 def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, efficiency, beside=None) -> dict:
     """The protocol section of report.json (see the module docstring). ``efficiency(run_a, run_b)``: the
     temporal efficiency of the report's variant; ``beside``: the central variant's, given a second
@@ -122,7 +132,8 @@ def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, effic
     for g in groups:
         label = arm_label(g, arms)
         setting = {k: v for k, v in g["key"].items() if k != "algo"}
-        cands.append({"algo": label, "setting": setting, "values": _seed_values(g, stat, sel), "group": g})
+        cands.append({"algo": label, "setting": setting, "values": _seed_values(g, stat, sel),
+                      "failures": _failures(g, sel), "group": g})
     picks = select(cands, tune, sel)
     chosen = []
     for p in picks:
@@ -135,6 +146,9 @@ def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, effic
             test = _seed_values(g, "final_test_acc", rep)
             entry["report_test_acc"] = t_interval([test[s] if _finite(test[s]) else math.nan for s in sorted(test)])
             entry["report_seeds"] = sorted(test)
+            failed = _failures(g, rep)   # counted beside the interval, whose mean is NaN if one is not finite
+            entry["report_failed"] = {s: why for s, why in failed.items() if why}
+            entry["report_failure_rate"] = failure_rate(failed)
             chosen.append({**entry, "_g": g, "cell": dict(cell_key(p["cell"], ())), "algo_keys": g["algo_keys"]})
         p["entry"] = entry
     algos = list(dict.fromkeys(p["algo"] for p in picks))
@@ -241,9 +255,12 @@ def render_protocol(p: dict) -> list[str]:
     rows = []
     for s in p["selections"]:
         tuned = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in s["tuned"].items())
+        test_acc = _iv(s.get("report_test_acc", {}))
+        if s.get("report_failed"):
+            test_acc += f"; {s['report_failure_rate']}"
         rows.append([s["algo"], s["where"], tuned or "-",
                      f"{s['score']:.4f}" if _finite(s["score"]) else "none finite",
-                     _iv(s.get("report_test_acc", {})), "; ".join(e["text"] for e in s["edges"]) or "-"])
+                     test_acc, "; ".join(e["text"] for e in s["edges"]) or "-"])
     out += ["| algorithm | cell | selected | selection score | test acc, reporting seeds | grid edge |",
             "|---|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows), ""]
     if p["figures"]:

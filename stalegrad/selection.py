@@ -4,10 +4,14 @@
 validation accuracy (``final_val_acc`` in summary.json). Within each *cell* (one algorithm, one value
 of every axis that is not tuned: workers, delay, window, ...) the setting of the tuned axes (lr, lam,
 lam0, ...) with the highest score is selected; ties go to the first in sorted order of the tuned
-values. A setting that lacks a run of a selection seed is not a candidate (it is listed as missing);
-one whose runs diverged (a non-finite or absent accuracy) scores NaN and ranks below every finite
-score. Test accuracy is then reported only for the selected settings, on the *reporting seeds*, which
-the selection never saw (``report_protocol.py``).
+values. A setting that lacks a run of a selection seed is not a candidate (it is listed as missing).
+
+**Failed runs are counted, never averaged away.** A run *fails* (``run_failure``) when summary.json
+says ``diverged``, when a final loss or accuracy is not finite, or when a final accuracy is at chance
+(at most ``1 / num_classes + CHANCE_MARGIN``). A setting with a failed run of a selection seed scores
+NaN, so it ranks below every finite score, and ``select`` lists each setting's failures as "k of n
+diverged" (``failure_rate``) with their reasons. Test accuracy is then reported only for the selected
+settings, on the *reporting seeds*, which the selection never saw (``report_protocol.py``).
 
 **The edge check:** a selected value that is the smallest or the largest of the (at least two) values
 its axis takes in the cell is at the edge of the grid: the optimum may lie outside it. ``edges`` says
@@ -28,14 +32,58 @@ def _sort_key(v):
     return (0, v, "") if _number(v) else (1, 0, str(v))
 
 
-def score(values: dict, seeds) -> tuple[float, list]:
+# A collapsed model predicts one class and scores that class's share, about 1/K on the balanced data sets
+# here (at most 1.35 points above: MNIST test's "1", 11.35%); guessing scores 1/K give or take 0.3 points
+# on 10000 samples, 1.7 on digits' 300 validation samples. A margin of 5 points (15% for K = 10) is 3 of
+# those 1.7-point deviations above chance, and an absolute margin, unlike a multiple of 1/K, still means
+# "chance" for K = 2 (55%, where 1.5/K would call a 70% classifier failed). In the committed reports
+# (docs/results/*/report.json, 342 runs) 25 runs end at 0.0999-0.1178, only 4 of them flagged `diverged`;
+# the next lowest end at 0.16-0.19, above chance: not failed (their low score ranks them low on its own).
+CHANCE_MARGIN = 0.05
+_LOSSES = (("final_test_loss", "final test loss"), ("final_val_loss", "final validation loss"))
+_ACCURACIES = (("final_val_acc", "final validation accuracy"), ("final_test_acc", "final test accuracy"))
+
+
+def run_failure(summary: dict, num_classes: int | None = None) -> str | None:
+    """Why a finished run failed, or None when it did not. ``summary``: summary.json's fields (or a grid
+    record's copy of some of them); a field that is absent is not checked, one that is present but null
+    counts as not finite (summary.json writes NaN and infinities as null). A run fails when
+
+    - ``diverged`` is true (training.py: the final test loss is not finite, or more messages were
+      skipped as non-finite than updates applied);
+    - ``final_test_loss``, ``final_val_loss``, ``final_val_acc`` or ``final_test_acc`` is not finite;
+    - a final accuracy is at chance: at most ``1 / num_classes + CHANCE_MARGIN``. summary.json does not
+      record the number of classes: the caller gives it (``num_classes``; None: no chance check)."""
+    if summary.get("diverged") is True:
+        return "diverged (summary.json)"
+    for key, name in _LOSSES + _ACCURACIES:
+        if key in summary and not (_number(summary[key]) and math.isfinite(summary[key])):
+            return f"{name} is not finite"
+    if num_classes:
+        chance = 1.0 / num_classes + CHANCE_MARGIN
+        for key, name in _ACCURACIES:
+            if key in summary and summary[key] <= chance:
+                return (f"{name} {summary[key]:.4f} is at chance "
+                        f"(at most 1/{num_classes} + {CHANCE_MARGIN:g} = {chance:.4f})")
+    return None
+
+
+def failure_rate(failures) -> str:
+    """``"k of n diverged"``: ``failures`` holds one entry per run (a mapping seed -> ``run_failure``'s
+    reason or None, or a list of them); "diverged" means failed in ``run_failure``'s sense."""
+    reasons = list(failures.values()) if isinstance(failures, dict) else list(failures)
+    return f"{sum(r is not None for r in reasons)} of {len(reasons)} diverged"
+
+
+def score(values: dict, seeds, failures: dict | None = None) -> tuple[float, list]:
     """(mean of ``values[seed]`` over ``seeds``, the seeds missing from ``values``); NaN when any value
-    is absent (None) or not finite: a diverged run is never averaged away."""
+    is absent (None) or not finite, or when ``failures[seed]`` gives a reason (``run_failure``): a failed
+    run is never averaged away."""
     missing = [s for s in seeds if s not in values]
     if missing or not seeds:
         return math.nan, missing
     v = [values[s] for s in seeds]
-    if any(not _number(x) or not math.isfinite(x) for x in v):
+    if any(not _number(x) or not math.isfinite(x) for x in v) or any((failures or {}).get(s) for s in seeds):
         return math.nan, []
     return statistics.fmean(float(x) for x in v), []
 
@@ -47,12 +95,15 @@ def cell_key(setting: dict, tune) -> tuple:
 
 def select(candidates: list[dict], tune, seeds) -> list[dict]:
     """One selection per cell. Each candidate is ``{"algo", "setting": {axis: value}, "values": {seed:
-    selection statistic}, ...}`` (other keys are kept); ``setting`` holds every setting but the seed
-    (the algorithm's name included or not). Returns, in the order the cells first appear::
+    selection statistic}, "failures": {seed: reason or None} (optional, ``run_failure``), ...}`` (other
+    keys are kept); ``setting`` holds every setting but the seed (the algorithm's name included or not).
+    Returns, in the order the cells first appear::
 
         {"algo", "cell": {axis: value}, "chosen": candidate or None, "tuned": {axis: value}, "score",
-         "scores": [{"tuned", "score", "missing"}], "edges": [...] (see ``edges``)}
+         "scores": [{"tuned", "score", "missing", "failed": {seed: reason}, "failure_rate"}],
+         "edges": [...] (see ``edges``)}
 
+    ``failed`` and ``failure_rate`` ("k of n diverged") count the selection seeds' failed runs.
     ``chosen`` is None when no candidate of the cell has a finite score."""
     tune = tuple(tune)
     cells: dict = {}
@@ -63,7 +114,7 @@ def select(candidates: list[dict], tune, seeds) -> list[dict]:
         cs = sorted(cs, key=lambda c: tuple(_sort_key(c["setting"].get(a)) for a in tune))
         scored = []
         for c in cs:
-            s, missing = score(c["values"], seeds)
+            s, missing = score(c["values"], seeds, c.get("failures"))
             scored.append((c, s, missing))
         finite = [(c, s) for c, s, missing in scored if not missing and math.isfinite(s)]
         chosen, best = None, math.nan
@@ -74,9 +125,16 @@ def select(candidates: list[dict], tune, seeds) -> list[dict]:
         values = {a: [c["setting"][a] for c in cs if a in c["setting"]] for a in tuned}
         out.append({"algo": algo, "cell": dict(key), "chosen": chosen, "tuned": tuned, "score": best,
                     "scores": [{"tuned": {a: c["setting"].get(a) for a in tune if a in c["setting"]}, "score": s,
-                                "missing": missing} for c, s, missing in scored],
+                                "missing": missing, **_failed(c, seeds)} for c, s, missing in scored],
                     "edges": edges(tuned, values)})
     return out
+
+
+def _failed(candidate: dict, seeds) -> dict:
+    """A candidate's failed runs of ``seeds`` (``{seed: reason}``) and their rate over those that ran."""
+    failures = candidate.get("failures") or {}
+    ran = {s: failures.get(s) for s in seeds if s in candidate["values"]}
+    return {"failed": {s: r for s, r in ran.items() if r}, "failure_rate": failure_rate(ran)}
 
 
 def edges(chosen: dict, values: dict) -> list[dict]:

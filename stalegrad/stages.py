@@ -13,8 +13,10 @@ report's protocol section selects the same settings from the same runs. ``stages
 """
 from __future__ import annotations
 
-from .report_protocol import arm_label
-from .selection import select
+import math
+
+from .report_protocol import NUM_CLASSES, arm_label
+from .selection import run_failure, select
 
 
 def setting(cell) -> dict:
@@ -42,18 +44,33 @@ def split(cells: list, spec: dict | None) -> tuple[list, list]:
     return first, [c for c in cells if c.options.get("seed", 0) in report]
 
 
-def choose(first: list, second: list, spec: dict, val_acc: dict) -> tuple[list, list]:
+def failed_runs(records) -> dict:
+    """Cell name -> why its finished run failed (``selection.run_failure``: diverged, or a final accuracy
+    not finite or at chance), from the grid's records (grid.json's cells, which copy ``diverged``,
+    ``final_val_acc`` and ``final_test_acc`` from summary.json); only finished cells are judged."""
+    return {r["name"]: why for r in records
+            if r["status"] in ("done", "skipped") and (why := run_failure(r, NUM_CLASSES))}
+
+
+def choose(first: list, second: list, spec: dict, val_acc: dict, failures: dict | None = None) -> tuple[list, list]:
     """(the stage-2 cells of the selected settings, the selections). ``val_acc``: cell name -> final
-    validation accuracy of its finished run (absent: not finished, or failed). A cell whose settings
-    all lack a finished run of some selection seed selects nothing, and runs no reporting seed."""
+    validation accuracy of its finished run (absent: not finished, or its process failed); ``failures``:
+    cell name -> why its finished run failed (``selection.run_failure``: diverged, not finite, at chance),
+    which makes its setting's score NaN and is listed in the selections. A cell whose settings all lack a
+    finished run of some selection seed, or all have a failed one, selects nothing and runs no reporting
+    seed."""
     tune, arms = list(spec.get("tune") or ["lr"]), dict(spec.get("arms") or {})
     seeds = spec.get("select_seeds") or sorted({c.options.get("seed", 0) for c in first})
     label = lambda c: arm_label({"key": c.options, "algo": c.algo}, arms)   # noqa: E731
+    failures = failures or {}
     groups: dict = {}
     for c in first:
-        g = groups.setdefault(_key(label(c), setting(c)), {"algo": label(c), "setting": setting(c), "values": {}})
-        if c.name in val_acc:
-            g["values"][c.options.get("seed", 0)] = val_acc[c.name]
+        g = groups.setdefault(_key(label(c), setting(c)), {"algo": label(c), "setting": setting(c), "values": {},
+                                                            "failures": {}})
+        if c.name in val_acc or c.name in failures:   # a failed run's accuracy may be absent (NaN, written null)
+            seed = c.options.get("seed", 0)
+            g["values"][seed] = val_acc.get(c.name, math.nan)
+            g["failures"][seed] = failures.get(c.name)
     picks = select(list(groups.values()), tune, seeds)
     chosen = {_key(p["algo"], p["chosen"]["setting"]) for p in picks if p["chosen"] is not None}
     return [c for c in second if _key(label(c), setting(c)) in chosen], picks

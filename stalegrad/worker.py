@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import pickle
 from dataclasses import dataclass
 
@@ -66,17 +67,21 @@ class FlatModel:
 
     @torch.no_grad()
     def evaluate(self, w: Tensor, x: Tensor, y: Tensor, batch_size: int = 1000) -> tuple[float, float]:
-        """(mean loss, accuracy) of weights ``w`` on a whole data set."""
+        """(mean loss, accuracy) of weights ``w`` on a whole data set. The accuracy is NaN when any logit
+        or the loss is not finite: the argmax of a NaN row is index 0, so counting it would score a
+        diverged model as the share of class 0 instead of as failed."""
         self.load(w)
         self.module.eval()
         self._training = False
-        loss_sum, correct = 0.0, 0
+        loss_sum, correct, nonfinite = 0.0, 0, 0
         for i in range(0, len(y), batch_size):
             logits = self.module(x[i:i + batch_size])
             target = y[i:i + batch_size]
             loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
             correct += (logits.argmax(1) == target).sum().item()
-        return loss_sum / len(y), correct / len(y)
+            nonfinite += (~torch.isfinite(logits)).sum().item()
+        loss = loss_sum / len(y)
+        return loss, (correct / len(y) if nonfinite == 0 and math.isfinite(loss) else math.nan)
 
 
 class BatchStream:

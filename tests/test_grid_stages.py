@@ -74,6 +74,41 @@ def test_a_cell_without_a_finished_selection_run_selects_nothing_and_runs_no_rep
     assert [p["chosen"] for p in picks if p["algo"] == "asgd" and p["cell"]["workers"] == 4] == [None]
 
 
+def test_a_failed_selection_run_is_never_selected_and_is_listed(tmp_path):
+    """Issue 31, item 5: a run that diverged or sits at chance scores NaN (its setting ranks last), even
+    when the validation accuracy it left is the best of its cell; its reason is listed in the picks."""
+    cells, spec, _ = cells_of(tmp_path)
+    first, second = split(cells, spec)
+    asgd4 = [c for c in first if c.algo == "asgd" and c.options["workers"] == 4]
+    val = {c.name: 0.5 + c.options["lr"] for c in first}           # lr 0.1 is the best everywhere
+    bad = next(c.name for c in asgd4 if c.options["lr"] == 0.1)
+    chosen, picks = choose(first, second, spec, val, {bad: "diverged (summary.json)"})
+    assert {c.options["lr"] for c in chosen if c.algo == "asgd" and c.options["workers"] == 4} == {0.01}
+    assert {c.options["lr"] for c in chosen if c.algo == "asgd" and c.options["workers"] == 2} == {0.1}
+    (pick,) = [p for p in picks if p["algo"] == "asgd" and p["cell"]["workers"] == 4]
+    failed = {s["tuned"]["lr"]: (s["failed"], s["failure_rate"]) for s in pick["scores"]}
+    assert failed == {0.01: ({}, "0 of 1 diverged"), 0.1: ({0: "diverged (summary.json)"}, "1 of 1 diverged")}
+    del val[bad]                                  # a NaN accuracy is written as null: the grid has no value
+    chosen, picks = choose(first, second, spec, val, {c.name: "final validation accuracy is not finite" for c in asgd4})
+    assert not [c for c in chosen if c.algo == "asgd" and c.options["workers"] == 4]
+    assert [p["chosen"] for p in picks if p["algo"] == "asgd" and p["cell"]["workers"] == 4] == [None]
+
+
+def test_stage_two_reads_divergence_and_chance_from_the_grid_records(tmp_path):
+    from stalegrad.cli.grid import _stage_two
+    cells, spec, _ = cells_of(tmp_path)
+    first, second = split(cells, spec)
+    sgd = {c.options["lr"]: c.name for c in first if c.algo == "sgd"}
+    records = {c.name: {"name": c.name, "status": "done", "final_val_acc": 0.8, "diverged": False} for c in cells}
+    records[sgd[0.1]].update(final_val_acc=0.9, diverged=True)      # the best accuracy, but diverged
+    runner = type("Runner", (), {"records": records, "actions": {c.name: "run" for c in cells},
+                                 "write": lambda self: None})()
+    chosen = _stage_two(runner, first, second, spec)
+    assert {c.options["lr"] for c in chosen if c.algo == "sgd"} == {0.01}
+    records[sgd[0.01]].update(final_val_acc=0.1)                       # at chance: sgd selects nothing
+    assert not [c for c in _stage_two(runner, first, second, spec) if c.algo == "sgd"]
+
+
 def test_stages_must_be_one_or_two(tmp_path):
     with pytest.raises(UsageError, match="stages must be 2 .* or 1 .*got 3"):
         cells_of(tmp_path, extra="stages = 3")

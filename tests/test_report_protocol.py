@@ -99,6 +99,30 @@ def test_noise_alone_is_inconclusive(tmp_path):
     assert f["lo"] < 0 < f["hi"] and f["verdict"] == "inconclusive"
 
 
+def test_a_failed_run_is_never_selected_and_its_failure_is_counted(tmp_path):
+    """Issue 31, item 5: summary.json's `diverged` and a run at chance were never read by the selection
+    (lr 0.1's diverged run of seed 0 had the best validation accuracy, and won)."""
+    root = tmp_path / "runs"
+    for lr in (0.03, 0.1, 0.3):
+        for s in range(4):
+            fake(root, "asgd", lr, s, 0.8, {0.03: 0.8, 0.1: 0.95, 0.3: 0.1}[lr])
+    def patch(lr, seed, **fields):
+        f = root / f"asgd-M4-lr{lr}--s{seed}" / "summary.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), **fields}))
+    patch(0.1, 0, diverged=True)                                       # most messages NaN and skipped
+    patch(0.03, 3, final_test_acc=None, final_test_loss=None, diverged=True)   # NaN, written as null
+    p, md = protocol(tmp_path, select_seeds=[0, 1], report_seeds=[2, 3])
+    (sel,) = p["selections"]
+    assert sel["tuned"] == {"lr": 0.03} and sel["score"] == pytest.approx(0.8)
+    scores = {s["tuned"]["lr"]: s for s in sel["scores"]}
+    assert scores[0.1]["score"] is None and scores[0.1]["failure_rate"] == "1 of 2 diverged"
+    assert scores[0.1]["failed"] == {"0": "diverged (summary.json)"}
+    assert scores[0.3]["failure_rate"] == "2 of 2 diverged" and "at chance" in scores[0.3]["failed"]["1"]
+    assert scores[0.03]["failure_rate"] == "0 of 2 diverged"
+    assert sel["report_failure_rate"] == "1 of 2 diverged" and sel["report_failed"] == {"3": "diverged (summary.json)"}
+    assert "| asgd | all runs | lr 0.03 | 0.8000 | -; 1 of 2 diverged |" in md
+
+
 def test_a_selected_value_at_the_grid_edge_is_warned(tmp_path):
     build(tmp_path / "runs")
     p, md = protocol(tmp_path, select_seeds=[0, 1, 2], report_seeds=[3, 4, 5])
@@ -197,8 +221,9 @@ def test_a_good_protocol_table_reaches_the_report(tmp_path, capsys):
 
 def test_a_grid_with_a_protocol_reports_it_and_warns_of_edges(tmp_path, capsys):
     f = tmp_path / "g.toml"
+    # 3 epochs, not 0.2: a run still at chance (validation accuracy <= 15%) fails and is never selected
     f.write_text(GRID.format(fixed="val_split = 100", protocol="select_seeds = [0]\nreport_seeds = [1]")
-                 .replace("seeds = [0, 1, 2, 3]", "seeds = [0, 1]"))
+                 .replace("seeds = [0, 1, 2, 3]", "seeds = [0, 1]").replace("epochs = 0.2", "epochs = 3"))
     assert main(["grid", str(f), "--out", str(tmp_path / "G"), "--jobs", "2"]) == 0
     err = capsys.readouterr().err
     rep = json.loads((tmp_path / "G" / "report" / "report.json").read_text())["protocol"]

@@ -12,7 +12,7 @@ import stalegrad as sg
 from stalegrad.config import RunConfig
 from stalegrad.data.split import VAL_SPLIT_SEED, holdout, split_indices, val_count
 from stalegrad.errors import ConfigError
-from stalegrad.selection import edges, extend, score, select
+from stalegrad.selection import edges, extend, failure_rate, run_failure, score, select
 from stalegrad.stats import (DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, bootstrap, quantile, ratio_of_gaps, t_interval,
                              t_quantile, verdict)
 from tests.helpers import TEST, TRAIN, blobs
@@ -193,6 +193,62 @@ def test_a_diverged_or_missing_run_never_wins_and_ties_go_to_the_first():
     assert p["tuned"] == {"lr": 0.1}
     assert [s["missing"] for s in p["scores"]] == [[], [], [], [1]]
     assert math.isnan(score({0: 0.9, 1: math.nan}, [0, 1])[0])
+
+
+def test_a_failed_run_scores_nan_ranks_last_and_is_counted_with_its_reason():
+    fail = {0: None, 1: "diverged (summary.json)"}
+    cands = [cand("a", 0.1, {0: 0.5, 1: 0.5}), dict(cand("a", 0.2, {0: 0.99, 1: 0.98}), failures=fail),
+             dict(cand("a", 0.4, {0: 0.6, 1: 0.6}), failures={0: None, 1: None})]
+    p = select(cands, ["lr"], [0, 1])[0]
+    assert p["tuned"] == {"lr": 0.4} and p["score"] == pytest.approx(0.6)   # 0.2's finite 0.985 is not averaged in
+    by_lr = {s["tuned"]["lr"]: s for s in p["scores"]}
+    assert math.isnan(by_lr[0.2]["score"]) and by_lr[0.2]["failed"] == {1: "diverged (summary.json)"}
+    assert by_lr[0.2]["failure_rate"] == "1 of 2 diverged" and by_lr[0.4]["failure_rate"] == "0 of 2 diverged"
+    assert by_lr[0.1]["failure_rate"] == "0 of 2 diverged"       # no failures given: none known
+    # a failure of a seed that is not a selection seed is not the selection's business
+    other = dict(cand("a", 0.2, {0: 0.9, 1: 0.9, 2: 0.9}), failures={2: "x"})
+    assert select([other], ["lr"], [0, 1])[0]["score"] == 0.9
+    assert math.isnan(score({0: 0.9, 1: 0.9}, [0, 1], {1: "at chance"})[0])
+    assert failure_rate([None, "x", None]) == "1 of 3 diverged" and failure_rate({}) == "0 of 0 diverged"
+
+
+@pytest.mark.parametrize("summary, num_classes, reason", [
+    ({"final_test_acc": 0.9, "final_test_loss": 0.3, "diverged": False, "final_val_acc": 0.9, "final_val_loss": 0.3},
+     10, None),
+    ({"final_test_acc": 0.9, "final_test_loss": 0.3, "diverged": True}, 10, "diverged (summary.json)"),
+    ({"final_test_acc": None, "final_test_loss": None, "diverged": False}, 10, "final test loss is not finite"),
+    ({"final_val_acc": None, "final_val_loss": 2.3}, 10, "final validation accuracy is not finite"),
+    ({"final_val_acc": 0.9, "final_val_loss": float("inf")}, 10, "final validation loss is not finite"),
+    ({"final_test_acc": float("nan")}, None, "final test accuracy is not finite"),
+    ({"final_val_acc": 0.1135, "final_test_acc": 0.9}, 10,
+     "final validation accuracy 0.1135 is at chance (at most 1/10 + 0.05 = 0.1500)"),
+    ({"final_val_acc": 0.9, "final_test_acc": 0.15}, 10,
+     "final test accuracy 0.1500 is at chance (at most 1/10 + 0.05 = 0.1500)"),
+    ({"final_val_acc": 0.1501, "final_test_acc": 0.16}, 10, None),     # just above chance: a poor run, not failed
+    ({"final_val_acc": 0.1}, None, None),                             # no class count: no chance check
+    ({"final_val_acc": 0.7}, 2, None),                                # a binary classifier that learned
+    ({"final_val_acc": 0.55}, 2, "final validation accuracy 0.5500 is at chance (at most 1/2 + 0.05 = 0.5500)"),
+    ({}, 10, None),                                                   # nothing to check
+])
+def test_run_failure(summary, num_classes, reason):
+    assert run_failure(summary, num_classes) == reason
+
+
+def test_every_data_set_has_the_class_count_the_chance_check_assumes():
+    """summary.json does not record the class count; report_protocol.NUM_CLASSES stands for it. A data set
+    with another count must make the chance check read it first: this fails when one is added."""
+    import ast
+    from pathlib import Path
+
+    from stalegrad.data import DATASETS, SYNTHETIC_CLASSES
+    from stalegrad.report_protocol import NUM_CLASSES
+    assert DATASETS == ("mnist", "fashion-mnist", "cifar10", "digits", "synthetic") and SYNTHETIC_CLASSES == NUM_CLASSES
+    for path in (Path(sg.__file__).parent / "data").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Dataset":
+                last = node.args[-1]
+                assert (isinstance(last, ast.Constant) and last.value == NUM_CLASSES) or \
+                    getattr(last, "id", None) == "SYNTHETIC_CLASSES", (path.name, ast.unparse(node))
 
 
 def test_edges_and_their_extension():

@@ -3,6 +3,7 @@ against plain PyTorch computations and against independently drawn streams."""
 import copy
 import dataclasses
 import io
+import math
 
 import pytest
 import torch
@@ -122,6 +123,22 @@ def test_evaluate_is_plain_mean_loss_and_accuracy():
     loss, acc = fm.evaluate(w, DATA.x, DATA.y, batch_size=7)   # 48 samples: a short last batch
     assert loss == pytest.approx(per_sample.mean().item(), rel=1e-6)
     assert acc == pytest.approx(accuracy)
+
+
+def test_evaluate_gives_a_nan_model_nan_accuracy_not_the_share_of_class_0():
+    fm = FlatModel(linear())
+    w = random_weights(fm.numel, 5)
+    w[0] = float("nan")                   # one weight of the first output row: class 0's logit is NaN
+    share_of_class_0 = (DATA.y == 0).float().mean().item()
+    assert 0 < share_of_class_0 < 1       # what argmax over NaN logits used to score (index 0 every row)
+    loss, acc = fm.evaluate(w, DATA.x, DATA.y, batch_size=7)
+    assert math.isnan(loss) and math.isnan(acc)
+    w = random_weights(fm.numel, 5)
+    w[-1] = float("inf")                  # the last bias: class 2's logit is +inf in every row, the loss NaN
+    loss, acc = fm.evaluate(w, DATA.x, DATA.y, batch_size=7)
+    assert not math.isfinite(loss) and math.isnan(acc)
+    loss, acc = fm.evaluate(random_weights(fm.numel, 5), DATA.x, DATA.y)
+    assert math.isfinite(loss) and 0 < acc < 1   # a finite model still counts
 
 
 def test_evaluate_uses_eval_mode_and_training_returns_to_train_mode():

@@ -27,7 +27,7 @@ from ..errors import ConfigError, RunError, StalegradError, UsageError
 from ..grid import Cell, Grid, toml_value
 from ..progress import count, eta
 from ..results import is_finished
-from ..stages import choose, split
+from ..stages import choose, failed_runs, split
 
 
 def _echo_err(line: str) -> None:
@@ -185,7 +185,7 @@ def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> lis
     records = [runner.records[c.name] for c in first]
     val = {r["name"]: r["final_val_acc"] for r in records
            if r["status"] in ("done", "skipped") and r.get("final_val_acc") is not None}
-    chosen, picks = choose(first, second, spec, val)
+    chosen, picks = choose(first, second, spec, val, failed_runs(records))
     names = {c.name for c in chosen}
     for c in second:
         if c.name in names:
@@ -197,7 +197,7 @@ def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> lis
     todo = sum(runner.actions[c.name] != "skip" for c in chosen)
     _echo_err(f"grid: stage 2 of 2 (the reporting seeds of the {len(picks) - len(none)} selected settings): "
               f"{count(len(chosen), 'cell')}, {len(chosen) - todo} already done, {todo} to run"
-              + (f"; {len(none)} cell(s) selected nothing (no finished run of every selection seed)" if none else ""))
+              + (f"; {len(none)} cell(s) selected nothing (a selection seed missing or failed)" if none else ""))
     runner.write()
     return chosen
 
