@@ -1,0 +1,322 @@
+"""The confirmatory study's findings page (issue 31), generated: every number on docs/results/FINDINGS.md comes
+from here, reading the registered claims (experiments/confirm/claims.toml), the descriptive rows
+(experiments/confirm/descriptive.toml), the registration record (docs/results/confirm/registration.toml) and the
+committed run summaries (docs/results/confirm/runs/<grid>/<cell>/). Nothing is selected here: the rules are
+docs/results/confirm/PLAN.md's.
+
+    python experiments/findings.py [--out docs/results/FINDINGS.md] [--root .]
+
+tests/test_findings.py regenerates the committed page byte for byte.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+
+from stalegrad.selection import run_failure
+import numpy as np
+
+from stalegrad.intervals import bca
+from stalegrad.stats import holm, paired_t, t_interval
+
+CLASSES = 10   # every data set of the study (MNIST, Fashion-MNIST)
+
+
+# ---- the runs ------------------------------------------------------------------------------------------
+def load_runs(root: Path) -> dict:
+    """{grid: [run]}: each run's settings flattened (``algo``, the algorithm's parameters, the run's options),
+    its summary and, where it has them, its probes."""
+    out: dict = {}
+    base = root / "docs/results/confirm/runs"
+    for grid in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
+        for cell in sorted(p for p in grid.iterdir() if (p / "summary.json").is_file()):
+            config = json.loads((cell / "config.json").read_text())
+            algo = config.pop("algorithm")
+            flat = {"algo": algo.pop("name"), **algo, **{k: v for k, v in config.items() if not isinstance(v, dict)}}
+            probes = cell / "probes.jsonl"
+            out.setdefault(grid.name, []).append({
+                "name": cell.name, "settings": flat, "numerics": config.get("numerics", {}),
+                "summary": json.loads((cell / "summary.json").read_text()),
+                "probes": [json.loads(line) for line in probes.read_text().splitlines()] if probes.is_file() else None})
+    return out
+
+
+def find(runs: dict, side: dict, cell: dict, seed: int) -> dict | None:
+    """The one run of ``side`` (a grid and settings) in ``cell`` with ``seed``; None if it is not there."""
+    grid = cell.get("grid", side["grid"])   # a cell may move both sides to another grid (a layout's effect)
+    want = {**{k: v for k, v in side.items() if k != "grid"}, **cell, "seed": seed}
+    want.pop("grid", None)
+    found = [r for r in runs.get(grid, []) if all(r["settings"].get(k) == v for k, v in want.items())]
+    if len(found) > 1:
+        sys.exit(f"findings.py: {len(found)} runs match {grid} {want}: a claim must name one run per seed")
+    return found[0] if found else None
+
+
+def accuracy(run: dict, rules: dict) -> float:
+    """Final test accuracy; a failed run enters at chance (PLAN.md: it counts against its own side)."""
+    return rules["chance"] if run_failure(run["summary"], CLASSES) else run["summary"]["final_test_acc"]
+
+
+def probe_value(run: dict, claim: dict) -> float:
+    """A run's probe statistic: the share of probes where ``field`` < ``than``, or the mean of ``field``."""
+    field, than = claim["field"], claim.get("than")
+    rows = [p for p in run["probes"] or [] if _finite(p.get(field)) and (than is None or _finite(p.get(than)))]
+    if not rows:
+        return math.nan
+    if claim["kind"] == "probe_share":
+        return sum(p[field] < p[than] for p in rows) / len(rows)
+    return statistics.fmean(p[field] for p in rows)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# ---- one claim -----------------------------------------------------------------------------------------
+def cells_of(claim: dict, plan: dict) -> list[dict]:
+    if claim["cells"] == "thesis16":
+        return [{"workers": n, "window": lam} for n, lam, _, _ in plan["thesis"]["cells"]]
+    return claim["cells"]
+
+
+def per_seed(claim: dict, plan: dict, runs: dict) -> dict:
+    """{values: {seed: value}, needed, present, failed: {side: [k, n]}} of one claim or descriptive row."""
+    kind, rules = claim.get("kind", "difference"), plan["rules"]
+    values, needed, present = {}, 0, 0
+    failed = {"a": [0, 0], "b": [0, 0]}
+
+    def value(side: str, cell: dict, seed: int):
+        nonlocal needed, present
+        if side not in claim:
+            return 0.0
+        needed += 1
+        run = find(runs, claim[side], cell, seed)
+        if run is None:
+            return None
+        present += 1
+        failed[side][1] += 1
+        failed[side][0] += run_failure(run["summary"], CLASSES) is not None
+        return probe_value(run, claim) if kind.startswith("probe") else accuracy(run, rules)
+
+    for seed in plan["seeds"][claim["seeds"]]:
+        terms = []
+        for cell in cells_of(claim, plan):
+            if kind == "change":
+                ends = [{**cell, **claim[end]} for end in ("to", "from")]
+                parts = [value(s, c, seed) for c in ends for s in ("a", "b")]
+                terms.append(None if None in parts else (parts[0] - parts[1]) - (parts[2] - parts[3]))
+            else:
+                a, b = value("a", cell, seed), value("b", cell, seed)
+                terms.append(None if a is None or b is None else a - b)
+        if None not in terms:
+            values[seed] = statistics.fmean(terms)
+    return {"values": values, "needed": needed, "present": present, "failed": failed}
+
+
+def evaluate(claim: dict, plan: dict, runs: dict) -> dict:
+    got = per_seed(claim, plan, runs)
+    margin, direction = claim.get("margin", 0.0), claim["direction"]
+    if got["present"] < got["needed"]:
+        return {**got, "missing": got["needed"] - got["present"], "p": 1.0}
+    test = paired_t([v - margin for v in got["values"].values()], direction or 1)
+    p = test["p_two_sided"] if direction == 0 else test["p_one_sided"]
+    return {**got, "missing": 0, "p": p, "interval": t_interval(list(got["values"].values()), plan["rules"]["level"])}
+
+
+def thesis_figure(claim: dict, plan: dict) -> str:
+    """The claim's statistic on the thesis's table (one run per cell), where both sides are in it."""
+    table = {(n, lam): {"agn": agn / 100, "aeasgd": ae / 100} for n, lam, agn, ae in plan["thesis"]["cells"]}
+
+    def acc(side: str, cell: dict):
+        where = {**claim[side], **cell}
+        return table.get((where.get("workers"), where.get("window")), {}).get(where["algo"])
+
+    terms = []
+    for cell in cells_of(claim, plan):
+        ends = [{**cell, **claim[e]} for e in ("to", "from")] if claim.get("kind") == "change" else [cell]
+        parts = [acc(s, c) for c in ends for s in ("a", "b")]
+        if None in parts:
+            return "thesis: not in its table"
+        terms.append(parts[0] - parts[1] if len(parts) == 2 else (parts[0] - parts[1]) - (parts[2] - parts[3]))
+    ahead = f", positive in {sum(t > 0 for t in terms)} of {len(terms)} cells" if len(terms) > 1 else ""
+    return f"thesis (its table, one run a cell): {points(statistics.fmean(terms))}{ahead}"
+
+
+def verdict(result: dict, claim: dict, adjusted: dict) -> str:
+    if result["missing"]:
+        return f"missing: {result['missing']} of {result['needed']} runs"
+    iv, margin, direction = result["interval"], claim.get("margin", 0.0), claim["direction"]
+    if adjusted["reject"]:
+        return ("holds: a ahead" if iv["mean"] > margin else "holds: b ahead") if direction == 0 else "holds"
+    if direction and (iv["hi"] < margin if direction > 0 else iv["lo"] > margin):
+        return "does not hold"
+    return "inconclusive"
+
+
+# ---- the page ------------------------------------------------------------------------------------------
+def points(x: float, signed: bool = True) -> str:
+    return "n/a" if not _finite(x) else f"{100 * x:+.2f}" if signed else f"{100 * x:.2f}"
+
+
+def interval_text(iv: dict, scale: float = 100.0, fmt: str = "+.2f") -> str:
+    if not iv or not _finite(iv.get("mean")):
+        return "n/a"
+    return f"{scale * iv['mean']:{fmt}} [{scale * iv['lo']:{fmt}}, {scale * iv['hi']:{fmt}}] ({iv['n']} seeds)"
+
+
+def claims_table(plan: dict, runs: dict) -> list[str]:
+    results = {c["id"]: evaluate(c, plan, runs) for c in plan["claim"]}
+    adjusted = holm({k: r["p"] for k, r in results.items()}, plan["rules"]["alpha"])
+    out = ["| id | question | claim | verdict | estimate, points [95% interval] | p (Holm-adjusted) | failed runs (a; b) "
+           "| the paper's figure |", "|---|---|---|---|---|---|---|---|"]
+    for c in plan["claim"]:
+        r, adj = results[c["id"]], adjusted[c["id"]]
+        scale, fmt = (1.0, ".3f") if c.get("kind", "").startswith("probe_share") else (100.0, "+.2f")
+        est = "n/a" if r["missing"] else interval_text(r["interval"], scale, fmt)
+        p = "n/a" if r["missing"] else f"{r['p']:.3g} ({adj['p_adjusted']:.3g})"
+        fails = "; ".join(f"{k} of {n}" for k, n in (r["failed"]["a"], r["failed"]["b"]) if n)
+        out.append(f"| {c['id']} | {c['question']} | {c['text']} | **{verdict(r, c, adj)}** | {est} | {p} | "
+                   f"{fails or '-'} | {thesis_figure(c, plan) if c['paper'] == 'thesis' else c['paper']} |")
+    return out
+
+
+def thesis_cells(plan: dict, runs: dict, grid: str) -> tuple[list[str], dict]:
+    """The 16 cells, ours beside the thesis's, and the agreement across cells."""
+    out = ["| n | λ | AGN thesis | AGN ours | AEASGD thesis | AEASGD ours | AGN − AEASGD thesis | AGN − AEASGD ours |",
+           "|---|---|---|---|---|---|---|---|"]
+    seeds = plan["seeds"].get("agn", [])
+    ours, theirs, complete = {}, {}, True
+    for n, lam, t_agn, t_ae in plan["thesis"]["cells"]:
+        cell = {"workers": n, "window": lam}
+        acc = {a: {s: find(runs, {"grid": grid, "algo": a}, cell, s) for s in seeds} for a in ("agn", "aeasgd")}
+        acc = {a: {s: accuracy(r, plan["rules"]) for s, r in by.items() if r} for a, by in acc.items()}
+        both = sorted(set(acc["agn"]) & set(acc["aeasgd"]))
+        complete &= len(both) == len(seeds)
+        ours[(n, lam)] = {s: acc["agn"][s] - acc["aeasgd"][s] for s in both}
+        theirs[(n, lam)] = (t_agn - t_ae) / 100
+        mean = {a: 100 * statistics.fmean(v.values()) if v else math.nan for a, v in acc.items()}
+        diff = t_interval(list(ours[(n, lam)].values())) if both else {}
+        out.append(f"| {n} | {lam} | {t_agn:.2f} | {mean['agn']:.2f} | {t_ae:.2f} | {mean['aeasgd']:.2f} | "
+                   f"{t_agn - t_ae:+.2f} | {interval_text(diff)} |")
+    return out, {"ours": ours, "theirs": theirs, "complete": complete, "seeds": seeds}
+
+
+def agreement(cells: dict) -> list[str]:
+    """Pearson and Spearman r across cells of our AGN − AEASGD with the thesis's; BCa over seeds for Pearson."""
+    if not cells["ours"]:
+        return []
+    if not cells["complete"]:
+        return ["The agreement across cells waits for every cell's runs."]
+    keys = sorted(cells["ours"])
+    theirs = [cells["theirs"][k] for k in keys]
+
+    columns = [[cells["ours"][k][s] for s in cells["seeds"]] for k in keys]   # one column per cell, over seeds
+    t = np.asarray(theirs) - np.mean(theirs)
+
+    def pearson(*cols):   # each col: (..., seeds); the cells' means over the seeds, correlated with the thesis's
+        means = np.stack([c.mean(-1) for c in cols], axis=-1)
+        d = means - means.mean(-1, keepdims=True)
+        return (d * t).sum(-1) / np.sqrt((d * d).sum(-1) * (t * t).sum())
+
+    ours = [statistics.fmean(cells["ours"][k].values()) for k in keys]
+    r, rho = statistics.correlation(ours, theirs), statistics.correlation(ours, theirs, method="ranked")
+    iv = bca(columns, pearson)
+    return [f"Across the {len(keys)} cells, our AGN − AEASGD against the thesis's: Pearson r = {r:+.2f} "
+            f"(95% BCa interval over seeds [{iv['lo']:+.2f}, {iv['hi']:+.2f}]), Spearman ρ = {rho:+.2f}."]
+
+
+def describe(plan: dict, extra: dict, runs: dict) -> list[str]:
+    out = ["| row | estimate, points [95% interval] | failed runs (a; b) |", "|---|---|---|"]
+    for row in extra.get("row", []):
+        r = per_seed(row, plan, runs)
+        if r["present"] < r["needed"]:
+            out.append(f"| {row['text']} | missing: {r['needed'] - r['present']} of {r['needed']} runs | - |")
+            continue
+        fails = "; ".join(f"{k} of {n}" for k, n in (r["failed"]["a"], r["failed"]["b"]) if n)
+        out.append(f"| {row['text']} | {interval_text(t_interval(list(r['values'].values())))} | {fails or '-'} |")
+    return out
+
+
+def closure(plan: dict, extra: dict, runs: dict) -> list[str]:
+    """The share of ASGD's gap to sequential SGD that DC-ASGD-a closes: (DC − ASGD) / (SGD − ASGD)."""
+    spec = extra.get("closure")
+    if not spec:
+        return []
+    seeds = plan["seeds"][spec["seeds"]]
+    cols = {k: [find(runs, spec[k], {}, s) for s in seeds] for k in ("method", "baseline", "target")}
+    if any(r is None for rs in cols.values() for r in rs):
+        return [f"{spec['text']}: waits for its runs."]
+    acc = {k: [accuracy(r, plan["rules"]) for r in rs] for k, rs in cols.items()}
+    gained = [m - b for m, b in zip(acc["method"], acc["baseline"])]
+    gap = [t - b for t, b in zip(acc["target"], acc["baseline"])]
+    ratios = [g / h if h else math.nan for g, h in zip(gained, gap)]
+    if statistics.fmean(gap) <= 0:   # PLAN.md: undefined when the gap to close is not positive
+        return [f"{spec['text']}: undefined, sequential SGD is not ahead of ASGD ({len(seeds)} seeds)."]
+    if all(_finite(r) and r > 0 for r in ratios):   # PLAN.md: a t interval on the per-seed log of the ratio
+        iv = t_interval([math.log(r) for r in ratios])
+        shown = (f"{math.exp(iv['mean']):.2f} [{math.exp(iv['lo']):.2f}, {math.exp(iv['hi']):.2f}] "
+                 "(the geometric mean of the per-seed ratios; t interval on their logs")
+    else:   # else the BCa bootstrap over seeds of the ratio of the means
+        iv = bca([gained, gap], lambda g, h: g.mean(-1) / h.mean(-1))
+        shown = ("undefined" if not _finite(iv["lo"]) else
+                 f"{iv['value']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]") + f" (the ratio of the means; {iv['method']}"
+    return [f"{spec['text']}: {shown}; {len(seeds)} seeds)."]
+
+
+def machine(runs: dict) -> list[str]:
+    out = ["| grid | runs | CPU | run time, hours (one thread each) |", "|---|---|---|---|"]
+    for grid, rs in sorted(runs.items()):
+        cpus = sorted({f"{r['numerics'].get('cpu_vendor')} {r['numerics'].get('cpu_model')}" for r in rs})
+        hours = sum(r["summary"].get("wall_s", 0.0) for r in rs) / 3600
+        out.append(f"| {grid} | {len(rs)} | {', '.join(cpus)} | {hours:.1f} |")
+    return out
+
+
+def render(root: Path) -> str:
+    plan = tomllib.loads((root / "experiments/confirm/claims.toml").read_text())
+    extra = tomllib.loads((root / "experiments/confirm/descriptive.toml").read_text())
+    record = tomllib.loads((root / "docs/results/confirm/registration.toml").read_text())
+    runs = load_runs(root)
+    cells, agree = thesis_cells(plan, runs, "agn_thesis_layout")
+    lines = [
+        "# Findings: the confirmatory study (issue 31)", "",
+        "<!-- generated by `python experiments/findings.py`; do not edit: tests/test_findings.py regenerates it -->", "",
+        f"The plan, [confirm/PLAN.md](confirm/PLAN.md), was registered in commit `{record['commit']}` on "
+        f"{record['date']}, before any of its runs. Every number below comes from "
+        "`experiments/findings.py` over the committed run summaries in [confirm/runs/](confirm/runs/); the claims' "
+        "statistics are the plan's ([experiments/confirm/claims.toml](../../experiments/confirm/claims.toml)). "
+        f"Verdicts: Holm's correction over the {len(plan['claim'])} claims at family-wise α = "
+        f"{plan['rules']['alpha']}; *holds* when the adjusted p is below it, *does not hold* when the 95% interval "
+        "lies wholly on the other side of the claim's null or margin, else *inconclusive*. Accuracies in points; a "
+        "failed run (diverged, or at chance) enters its comparison at chance accuracy and is counted.", "",
+        "Commands: `sh experiments/confirm/run.sh` (the grids, resumable), then `python experiments/findings.py`.", "",
+        "## The claims", "", *claims_table(plan, runs), "",
+        "## AGN against AEASGD, cell by cell, beside the thesis", "",
+        "The thesis's layout (`--partition replicate:11`), the small mlp, 40 epochs, mean over the seeds; the "
+        "thesis's figures are its validation accuracy (the MNIST test set), one run each.", "",
+        *cells, "", *agreement(agree), "",
+        "## Descriptive rows", "", *describe(plan, extra, runs), "", *closure(plan, extra, runs), "",
+        "## Machine and cost", "", *machine(runs), "",
+        "## Changes to the plan", "",
+        *([f"- `{c['commit']}` ({c['date']}): {c['why']}" for c in record.get("change", [])] or ["None."]), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    out = args.out or args.root / "docs/results/FINDINGS.md"
+    out.write_text(render(args.root))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

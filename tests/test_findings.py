@@ -1,0 +1,162 @@
+"""experiments/findings.py, the confirmatory study's findings page (issue 31): the committed page regenerates byte
+for byte; on synthetic runs, each claim's estimate, p value, Holm adjustment, verdict, failure count and missing-run
+row match figures computed by hand; the study's grids are valid."""
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+findings = experiment("findings")
+
+
+def test_the_committed_page_regenerates_byte_for_byte():
+    assert findings.render(ROOT) == (ROOT / "docs/results/FINDINGS.md").read_text()
+
+
+def test_every_registered_claim_has_a_row():
+    page = (ROOT / "docs/results/FINDINGS.md").read_text()
+    plan = findings.tomllib.loads((ROOT / "experiments/confirm/claims.toml").read_text())
+    for claim in plan["claim"]:
+        row = next(line for line in page.splitlines() if line.startswith(f"| {claim['id']} |"))
+        assert re.search(r"\*\*(holds|does not hold|inconclusive|missing: \d+ of \d+ runs)", row), row
+
+
+@pytest.mark.parametrize("grid", sorted((ROOT / "experiments/confirm").glob("*.toml")), ids=lambda p: p.stem)
+def test_the_study_grids_are_valid(grid):
+    if grid.stem in ("claims", "descriptive"):
+        pytest.skip("not a grid")
+    proc = subprocess.run([sys.executable, "-m", "stalegrad", "grid", str(grid), "--out", "/nonexistent/dry",
+                           "--dry-run"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---- synthetic runs ------------------------------------------------------------------------------------
+CLAIMS = """
+[rules]
+alpha = 0.05
+level = 0.95
+chance = 0.10
+failed_at_most = 0.15
+
+[seeds]
+three = [1, 2, 3]
+
+[[claim]]
+id = "X1"
+question = "Q"
+text = "x ahead of y"
+seeds = "three"
+a = { grid = "g", algo = "x" }
+b = { grid = "g", algo = "y" }
+cells = [{ workers = 4 }]
+direction = 1
+paper = "-"
+
+[[claim]]
+id = "X2"
+question = "Q"
+text = "z ahead of y"
+seeds = "three"
+a = { grid = "g", algo = "z" }
+b = { grid = "g", algo = "y" }
+cells = [{ workers = 4 }]
+direction = 1
+paper = "-"
+
+[[claim]]
+id = "X3"
+question = "Q"
+text = "w ahead of y"
+seeds = "three"
+a = { grid = "g", algo = "w" }
+b = { grid = "g", algo = "y" }
+cells = [{ workers = 4 }]
+direction = 1
+paper = "-"
+
+[thesis]
+cells = []
+"""
+
+
+def write_run(root, grid, algo, seed, acc, loss=0.3, workers=4):
+    d = root / "docs/results/confirm/runs" / grid / f"{algo}-s{seed}"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"algorithm": {"name": algo}, "workers": workers, "seed": seed,
+                                               "numerics": {"cpu_vendor": "V", "cpu_model": "M"}}))
+    (d / "summary.json").write_text(json.dumps({"final_test_acc": acc, "final_test_loss": loss, "diverged": False,
+                                                "wall_s": 3600.0}))
+
+
+@pytest.fixture
+def root(tmp_path):
+    (tmp_path / "experiments/confirm").mkdir(parents=True)
+    (tmp_path / "docs/results/confirm").mkdir(parents=True)
+    (tmp_path / "experiments/confirm/claims.toml").write_text(CLAIMS)
+    (tmp_path / "experiments/confirm/descriptive.toml").write_text("")
+    (tmp_path / "docs/results/confirm/registration.toml").write_text('commit = "abc1234"\ndate = "D"\n')
+    for seed, (x, y, z) in zip([1, 2, 3], [(0.91, 0.90, 0.905), (0.92, 0.90, 0.89), (0.93, 0.90, 0.91)]):
+        write_run(tmp_path, "g", "x", seed, x)
+        write_run(tmp_path, "g", "y", seed, y)
+        write_run(tmp_path, "g", "z", seed, z)
+    write_run(tmp_path, "g", "w", 1, 0.95)
+    write_run(tmp_path, "g", "w", 2, float("nan"), loss=float("nan"))   # failed: enters at chance, 0.10
+    return tmp_path
+
+
+def row(page, claim_id):
+    return next(line for line in page.splitlines() if line.startswith(f"| {claim_id} |")).split(" | ")
+
+
+def test_estimates_p_values_holm_and_verdicts_match_hand_computation(root):
+    page = findings.render(root)
+    # X1: x - y = 0.01, 0.02, 0.03 -> mean 0.02, sd 0.01, t = 0.02 / (0.01 / sqrt 3) = 3.4641 with 2 df;
+    # one-sided p = 0.5 * (1 - t / sqrt(2 + t^2)) (the t distribution with 2 df in closed form) = 0.03709.
+    t = 0.02 / (0.01 / math.sqrt(3))
+    p1 = 0.5 * (1 - t / math.sqrt(2 + t * t))
+    # the 95% interval: 0.02 +- 4.3027 * 0.01 / sqrt 3
+    half = 4.302653 * 0.01 / math.sqrt(3)
+    r1 = row(page, "X1")
+    assert r1[4] == f"{100 * 0.02:+.2f} [{100 * (0.02 - half):+.2f}, {100 * (0.02 + half):+.2f}] (3 seeds)"
+    # X2: z - y = 0.005, -0.01, 0.01 -> mean 0.001667, sd 0.010408
+    d2 = [0.005, -0.01, 0.01]
+    m2 = sum(d2) / 3
+    sd2 = math.sqrt(sum((d - m2) ** 2 for d in d2) / 2)
+    t2 = m2 / (sd2 / math.sqrt(3))
+    p2 = 0.5 * (1 - t2 / math.sqrt(2 + t2 * t2))
+    # X3 lacks seed 3's w run: missing, p = 1. Holm over 3: sorted p1 < p2 < 1 -> 3 * p1, max(3 p1, 2 p2), 1.
+    assert r1[5] == f"{p1:.3g} ({min(1, 3 * p1):.3g})"
+    assert row(page, "X2")[5] == f"{p2:.3g} ({min(1, max(3 * p1, 2 * p2)):.3g})"
+    # 3 * p1 = 0.111 > 0.05: not rejected; the interval holds 0 -> inconclusive
+    assert r1[3] == "**inconclusive**"
+    assert row(page, "X3")[3] == "**missing: 1 of 6 runs**"
+
+
+def test_a_failed_run_enters_at_chance_and_is_counted(root):
+    write_run(root, "g", "w", 3, 0.95)
+    r3 = row(findings.render(root), "X3")
+    # w - y = 0.05, 0.10 - 0.90 = -0.80, 0.05: mean -0.2333
+    assert r3[4].startswith(f"{100 * (0.05 - 0.80 + 0.05) / 3:+.2f} [")
+    assert r3[6] == "1 of 3; 0 of 3"                         # a (w) failed once; b (y) never
+
+
+def test_a_claim_that_holds_after_holm(root):
+    # a large, consistent effect: x - y = 0.02 +- 0.0001 on 3 seeds gives p far below 0.05 / 3
+    for seed, acc in zip([1, 2, 3], (0.9201, 0.9199, 0.9200)):
+        (root / f"docs/results/confirm/runs/g/x-s{seed}/summary.json").write_text(json.dumps(
+            {"final_test_acc": acc, "final_test_loss": 0.3, "diverged": False, "wall_s": 1.0}))
+    assert row(findings.render(root), "X1")[3] == "**holds**"
+
+
+def test_the_cli_writes_the_page(root, tmp_path):
+    out = tmp_path / "F.md"
+    assert findings.main(["--root", str(root), "--out", str(out)]) == 0
+    assert out.read_text() == findings.render(root)
+    assert "`abc1234`" in out.read_text()
