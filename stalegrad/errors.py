@@ -79,3 +79,8 @@ def check_finite_positive(name: str, value, context: str | None = None, *, stric
     if v is None or v != v or v in (float("inf"), float("-inf")) or (v <= 0 if strict else v < 0):
         raise ConfigError(name, f"must be a finite number {bound}, got {value!r}", context)
     return v
+
+
+class NumericsWarning(UserWarning):
+    """The simulator runs at fewer threads than asked or available, to keep a seed's bits (``numerics``);
+    the CLI prints it as one line."""

@@ -38,10 +38,13 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from .errors import NumericsWarning
 
 STRICT = 0x10000   # MKL_CBWR_STRICT, or-ed into a branch
 BRANCHES = {0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
@@ -162,6 +165,10 @@ def agreeing_counts(step, counts: list[int]) -> list[int]:
         torch.set_num_threads(before)
 
 
+def warn(text: str) -> None:
+    warnings.warn(text, NumericsWarning, stacklevel=2)
+
+
 def fixed_threads() -> int | None:
     """The thread count the user fixed with OMP_NUM_THREADS (None: not fixed)."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
@@ -175,7 +182,12 @@ def pinned(threads: int | None = None):
     before = torch.get_num_threads()
     strict = make_strict()
     if not strict:
+        asked = threads if threads is not None else fixed_threads() or os.cpu_count() or 1
         threads = 1   # MKL had already run without strict mode: one thread gives the same bits
+        if asked > 1:
+            warn(f"threads: MKL computed before stalegrad could make it reproducible (torch was used before "
+                 f"stalegrad was imported), so the simulator runs at 1 thread, not {asked}; import stalegrad "
+                 "before torch's first computation to use them")
     governor = ThreadGovernor(threads if threads is not None else fixed_threads())
     governor.strict = strict
     mkldnn = torch.backends.mkldnn.enabled

@@ -20,6 +20,8 @@ from .errors import ConfigError
 from .server import to_device
 
 
+TINY_BATCH = 16   # FlatModel.predict: fewer rows than this run at one thread (bits at any thread count)
+
 class FlatModel:
     """A module whose parameters are views into one contiguous vector.
 
@@ -65,6 +67,21 @@ class FlatModel:
         self.correct = (logits.detach().argmax(1) == y).sum()
         return loss.item(), self.grad
 
+    def predict(self, x: Tensor) -> Tensor:
+        """The module's output on ``x``, with the same bits at any thread count: a chunk of fewer than
+        ``TINY_BATCH`` rows runs at one thread. Torch's own gemm computes a product with a tiny output (an
+        mlp's 10-class layer on 2 to 9 rows) by splitting its inner dimension over the threads, so at two
+        threads the evaluation's last chunk (a validation set's tail) gave other bits than at one, and the
+        simulator ran the whole run at one thread to keep them (issue 33). One thread costs nothing here."""
+        threads = torch.get_num_threads()
+        if x.shape[0] >= TINY_BATCH or threads == 1:
+            return self.module(x)
+        torch.set_num_threads(1)
+        try:
+            return self.module(x)
+        finally:
+            torch.set_num_threads(threads)
+
     @torch.no_grad()
     def evaluate(self, w: Tensor, x: Tensor, y: Tensor, batch_size: int = 1000) -> tuple[float, float]:
         """(mean loss, accuracy) of weights ``w`` on a whole data set. The accuracy is NaN when any logit
@@ -75,7 +92,7 @@ class FlatModel:
         self._training = False
         loss_sum, correct, nonfinite = 0.0, 0, 0
         for i in range(0, len(y), batch_size):
-            logits = self.module(x[i:i + batch_size])
+            logits = self.predict(x[i:i + batch_size])
             target = y[i:i + batch_size]
             loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
             correct += (logits.argmax(1) == target).sum().item()

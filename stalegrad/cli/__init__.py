@@ -8,10 +8,11 @@ with exit code 1. The library raises ``StalegradError`` (with its exit code);
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
-from ..errors import ConfigError, StalegradError
+from ..errors import ConfigError, NumericsWarning, StalegradError
 from . import options
 from .options import flag_of
 from .grid import grid
@@ -53,6 +54,18 @@ def refuse_empty_paths(command: click.Command) -> None:
     for sub in getattr(command, "commands", {}).values():
         refuse_empty_paths(sub)
 
+
+_format_warning = warnings.formatwarning
+
+
+def _one_line(message, category, filename, lineno, line=None):
+    """The library's own warnings as one line on the terminal; any other as Python shows it."""
+    if issubclass(category, NumericsWarning):
+        return f"stalegrad: warning: {message}\n"
+    return _format_warning(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _one_line
 
 for command in (train, compare, grid, report, plot, algorithms, data):
     cli.add_command(command)

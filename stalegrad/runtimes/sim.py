@@ -95,14 +95,17 @@ class Simulator:
                 out = [torch.tensor(loss), grad.clone()]
                 model.module.eval()
                 with torch.no_grad():
-                    out += [model.module(chunk) for chunk in inputs]
+                    out += [model.predict(chunk) for chunk in inputs]
             return out
 
         agree = numerics.agreeing_counts(step, governor.candidates)
-        if agree != sorted(governor.candidates):
-            training.note(f"threads: {', '.join(map(str, sorted(set(governor.candidates) - set(agree))))} would change "
-                          f"this run's bits (a kernel of torch's that splits a sum by thread at these shapes); "
-                          f"ran at {', '.join(map(str, agree))}")
+        changing = sorted(set(governor.candidates) - set(agree))
+        if changing:
+            text = (f"threads: {', '.join(map(str, changing))} would change "
+                    f"this run's bits (a kernel of torch's that splits a sum by thread at these shapes, e.g. a "
+                    f"batch of {factory.batch_size}); ran at {', '.join(map(str, agree))}")
+            training.note(text)
+            numerics.warn(text)
             governor.restrict(agree)
 
     def run(self, training: Training, *, seed: int = 0, resume: dict | None = None) -> None:
