@@ -192,6 +192,8 @@ class RunConfig:
         if len(test_data.y) == 0:
             raise ConfigError("test_data", "is empty")
         n = total = len(train_data.y)
+        if total == 0:
+            raise ConfigError("train_data", "is empty: it holds no samples to train on")
         held = self.val_samples(total)
         if self.val_split and held < 1:
             raise ConfigError("val_split", f"is {self.val_split:g}: {self.val_split:g} x {total} training samples "
@@ -207,6 +209,9 @@ class RunConfig:
                                         f"{self.epochs:g} epoch{'s' * (format(self.epochs, 'g') != '1')} ({budget} samples); give at most window "
                                         f"{max(1, budget // self.batch_size)}, or more epochs",
                               self.algorithm.name, mentions=("window",))
+        check_updates = getattr(self.algorithm, "check_updates", None)   # (an algorithm with a count of updates)
+        if check_updates is not None:
+            check_updates(-(-budget // (steps * self.batch_size)))   # one server update per message
         layout, copies = parse_partition(self.partition)
         per_worker = n if layout == "iid" else n * copies // self.workers
         if self.batch_size > per_worker and held and self.batch_size <= (total if layout == "iid"

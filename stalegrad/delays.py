@@ -22,6 +22,21 @@ from .errors import ConfigError
 DELAY_MODELS = ("exponential", "gamma:SHAPE", "heterogeneous:sqrt|linear", "straggler:K", "round-robin", "trace:FILE")
 # The simulator's default (Simulator, the CLI, TOML, grids): docs/delays.md has the traces it was chosen from.
 DEFAULT_DELAY = "gamma:2"
+# The parameters a model accepts, checked when the spec is parsed (``parse_delay``: the CLI, TOML files, grids'
+# dry runs and ``Simulator.check`` all go through it), so that every draw takes bounded time and means a compute
+# time:
+# - gamma SHAPE in [0.01, 1e6]. random.gammavariate computes sqrt(2*SHAPE - 1): past 8.99e307 that overflows and it
+#   loops forever (gamma:1e308 hung a run). Long before, the model stops meaning anything: at 1e6 the step times
+#   vary by 0.1% (coefficient of variation 1/sqrt(SHAPE)), equal speeds for any purpose (use round-robin); below
+#   0.01 a growing share of the draws underflows to exactly 0 (about e^(-744*SHAPE) of them: half at 0.001, and
+#   NaN below 1e-308, where 1/SHAPE overflows), the rest spread over 40/SHAPE mean steps. The measured clusters of
+#   docs/delays.md fit SHAPE 1.5 to 4.
+# - straggler K in [1, 1e12]: the last worker is K times slower. Below 1 it would be the fastest, and a tiny K stops
+#   the virtual clock (now + K*step_time == now); past 1e12 it never pushes in any run this simulator can make
+#   (check_clock bounds the clock's overflow besides).
+# exponential, round-robin and heterogeneous take no number; a trace's worker ids are checked in read_trace.
+GAMMA_SHAPES = (0.01, 1e6)
+STRAGGLER_SLOWDOWNS = (1.0, 1e12)
 # Old names, accepted for one release with a one-line deprecation message: old -> new.
 RENAMED_DELAYS = {"uniform": "round-robin"}
 
@@ -66,6 +81,9 @@ class Gamma(DelayModel):
     shape: float = 1.0
     spec: str = ""
 
+    def __post_init__(self):   # a Gamma built in Python is held to the bounds of a parsed one
+        _check_bounds(self.shape, self.spec or f"gamma:{self.shape!r}", "SHAPE", GAMMA_SHAPES)
+
     def factor(self, worker, rng):
         return rng.gammavariate(self.shape, 1.0 / self.shape)
 
@@ -105,6 +123,9 @@ class Straggler(DelayModel):
     slowdown: float = 10.0
     num_workers: int = 1
     spec: str = ""
+
+    def __post_init__(self):
+        _check_bounds(self.slowdown, self.spec or f"straggler:{self.slowdown!r}", "K", STRAGGLER_SLOWDOWNS)
 
     def factor(self, worker, rng):
         return self.slowdown if worker == self.num_workers - 1 else 1.0
@@ -222,24 +243,26 @@ def read_trace(path: str | Path) -> Trace:
     if not lines:
         raise _bad(spec, "the trace is empty")
     try:
-        if lines[0].strip().lstrip("-").isdigit():
-            return Trace(path=path, workers=[int(ln) for ln in lines], spec=spec)
-        rows = list(csv.DictReader(lines))
-        header = next(csv.reader(lines[:1]))
-        if "worker" not in header:
-            raise ValueError(f"its header {','.join(header)!r} has no 'worker' column")
-        if not rows:
-            raise _bad(spec, "the trace has a header but no pushes; record a run with --record-trace")
-        workers = [int(r["worker"]) for r in rows]
-        pulled = [int(r["pulled"]) for r in rows] if "pulled" in header else None
-        wall = [float(r["wall_s"]) for r in rows] if "wall_s" in header else None
+        if lines[0].strip().lstrip("-").isdigit():   # bare worker ids, one a line: checked as the CSV's are
+            workers, pulled, wall = [int(ln) for ln in lines], None, None
+        else:
+            rows = list(csv.DictReader(lines))
+            header = next(csv.reader(lines[:1]))
+            if "worker" not in header:
+                raise ValueError(f"its header {','.join(header)!r} has no 'worker' column")
+            if not rows:
+                raise _bad(spec, "the trace has a header but no pushes; record a run with --record-trace")
+            workers = [int(r["worker"]) for r in rows]
+            pulled = [int(r["pulled"]) for r in rows] if "pulled" in header else None
+            wall = [float(r["wall_s"]) for r in rows] if "wall_s" in header else None
     except ConfigError:
         raise
     except (ValueError, TypeError, KeyError, csv.Error) as e:
         raise _bad(spec, f"malformed trace ({e}); expected a CSV with columns "
                          "worker[,pulled,applied,wall_s] or one worker id per line") from None
-    if any(w < 0 for w in workers):
-        raise _bad(spec, "negative worker id")
+    negative = next((i for i, w in enumerate(workers) if w < 0), None)
+    if negative is not None:   # (-1 would index the last worker, -5 past the first: refused in either form)
+        raise _bad(spec, f"push {negative + 1} names worker {workers[negative]}; worker ids count from 0")
     if wall is not None and not all(math.isfinite(t) for t in wall):
         raise _bad(spec, "a wall_s value is not a finite number")
     return Trace(path=path, workers=workers, pulled=pulled, wall_s=wall, spec=spec)
@@ -258,14 +281,14 @@ def parse_delay(spec: str, num_workers: int) -> DelayModel:
     if name == "exponential" and not arg:
         return Exponential()
     if name == "gamma":
-        shape = _positive_float(arg, spec, "SHAPE")
+        shape = _bounded_float(arg, spec, "SHAPE", GAMMA_SHAPES)
         return Gamma(shape=shape, spec=spec)
     if name == "heterogeneous":
         if arg not in ("sqrt", "linear"):
             raise _bad(spec, "heterogeneous takes sqrt or linear, e.g. heterogeneous:sqrt")
         return Heterogeneous(kind=arg, spec=spec)
     if name == "straggler":
-        k = _positive_float(arg, spec, "K")
+        k = _bounded_float(arg, spec, "K", STRAGGLER_SLOWDOWNS)
         return Straggler(slowdown=k, num_workers=num_workers, spec=spec)
     if name == "trace":
         if not arg:
@@ -278,11 +301,20 @@ def parse_delay(spec: str, num_workers: int) -> DelayModel:
     raise ConfigError("delay", f"{spec!r} is not a delay model; use one of {', '.join(DELAY_MODELS)}")
 
 
-def _positive_float(arg: str, spec: str, what: str) -> float:
+def _bounded_float(arg: str, spec: str, what: str, bounds: tuple[float, float]) -> float:
     try:
         v = float(arg)
     except ValueError:
         v = float("nan")
-    if not (v > 0 and math.isfinite(v)):
-        raise _bad(spec, f"{what} must be a positive finite number, e.g. {spec.split(':')[0]}:2")
-    return v
+    return _check_bounds(v, spec, what, bounds)
+
+
+def _check_bounds(v, spec: str, what: str, bounds: tuple[float, float]) -> float:
+    low, high = bounds
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:   # (NaN fails too)
+        name = spec.split(":")[0]
+        raise _bad(spec, f"{what} must be a number from {low:g} to {high:g}, e.g. {name}:{_EXAMPLE[name]}")
+    return float(v)
+
+
+_EXAMPLE = {"gamma": 2, "straggler": 10}

@@ -18,18 +18,24 @@ The guarantees, in the order a run meets them:
    ``DIR/.lock`` for the life of the run: a second run on the same directory
    fails at once, naming the PID that holds it. The kernel drops the lock when
    its process dies, so a crashed run never blocks the next one. Temporary
-   files of a write that a crash interrupted are removed here.
-3. The previous run's files (``--overwrite``) stay until ``start()``, when
-   the new run has really started and writes its first file. A resumed run's
-   ``start()`` first removes summary.json: the run is unfinished again.
+   files of a write that a crash interrupted are removed here. A lock that
+   cannot be written (a full disk) is one line, and no ``.lock`` is left.
+3. Nothing is written or removed before the new run has taken its first step:
+   ``start()`` (every check passed, the run about to begin) keeps the
+   configuration and the first metrics in memory; ``commit()``, called when
+   the first message has been applied (``train``'s ``on_first_step``), removes
+   the previous run's files (``--overwrite``; summary.json first) or a resumed
+   run's summary.json (the run is unfinished again), then writes them. A run
+   stopped before (an interrupt, an error, a hang broken off) leaves the
+   directory exactly as it found it.
 4. Every file but metrics.jsonl is written whole and renamed into place; a
    metrics line is appended whole or not at all (a failed append is cut back);
    every JSON file is strict JSON. A failed write (a full disk) ends the run
    with one line, and the file keeps its previous content.
 5. summary.json is written last: a directory that holds it holds a finished
    run (``results.is_finished``), whatever interrupted the final writes.
-6. ``close()`` releases the lock; a run that failed before ``start()`` leaves
-   no directory it created behind.
+6. ``close()`` releases the lock; a run that stopped before ``commit()`` leaves
+   no directory or lock file it created behind.
 """
 from __future__ import annotations
 
@@ -56,8 +62,11 @@ class RunWriter:
         self.overwrite, self.resume = overwrite, resume
         self.flag = "--resume" if resume else "--out"
         self.created = False
-        self.started = False
+        self.started = False           # committed: the run took its first step and wrote its first file
+        self._pending: tuple[dict, list[dict]] | None = None   # start()'s config and metrics, until commit()
+        self._lock_created = False
         self._lock_fd: int | None = None
+        self.before_summary = None     # called just before summary.json is written (the CLI's train: no interrupt)
         if resume:   # continue the run already there; start() rewrites its metrics
             self._check_resumable()
             return
@@ -99,6 +108,7 @@ class RunWriter:
         try:
             self.created = not self.dir.exists()
             self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock_created = not (self.dir / LOCK_FILE).exists()
             fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             self._remove_if_created()
@@ -113,8 +123,13 @@ class RunWriter:
             raise OutputError(f"{self.flag} {self.dir}: another run (PID {holder}) is using this directory; "
                               "wait for it to end, or choose another directory") from None
         self._lock_fd = fd
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:   # a full disk: no page for the PID
+            self.close()
+            raise OutputError(f"{self.flag} {self.dir}: cannot write the lock file {LOCK_FILE} ({e.strerror}); "
+                              "free space on that disk, or choose another directory") from None
         for stale in self.dir.glob(".*.tmp"):   # left by a write that a crash interrupted
             stale.unlink(missing_ok=True)
         try:
@@ -125,23 +140,36 @@ class RunWriter:
         return self
 
     def start(self, config: dict, metrics: list[dict] = ()) -> None:
-        """The run has started: replace the previous run (``--overwrite``), write the configuration
-        and the metrics so far (a resumed run's)."""
+        """Every check passed and the run is about to begin: its configuration and the metrics so far
+        (a resumed run's), kept until ``commit()`` writes them."""
+        self._pending = (config, list(metrics))
+
+    def commit(self) -> None:
+        """The run has taken its first step: replace the previous run (``--overwrite``; summary.json
+        first, so that no moment shows a finished run of mixed files) or make a resumed run unfinished
+        again, then write the configuration and the metrics so far. Once; nothing before ``start()``."""
+        if self.started or self._pending is None:
+            return
         self.started = True
         if self.overwrite and not self.resume:
-            for name in RUN_FILES:
+            for name in sorted(RUN_FILES, key=lambda n: n != "summary.json"):
                 self._guard(lambda p: p.unlink(missing_ok=True), self.dir / name)
         if self.resume:   # unfinished again until finish() writes the new summary.json
             self._guard(lambda p: p.unlink(missing_ok=True), self.dir / "summary.json")
+        (config, metrics), self._pending = self._pending, None
         self._guard(write_json, self.dir / "config.json", config)
         self._guard(atomic_write, self.dir / "metrics.jsonl", "".join(json_text(m) + "\n" for m in metrics).encode())
 
     def metric(self, record: dict) -> None:
+        if not self.started and self._pending is not None:   # before the first step: kept for commit()
+            self._pending[1].append(record)
+            return
         self._guard(append_line, self.dir / "metrics.jsonl", json_text(record))
 
     def finish(self, result, model_spec: dict | None = None) -> None:
         """The run's results; summary.json last, so that a run holding it is complete (an
         interruption before leaves an unfinished run, which a grid runs again)."""
+        self.commit()
         self._guard(write_json, self.dir / "staleness.json", result.staleness)
         self._guard(atomic_write, self.dir / "messages.jsonl",
                     "".join(json_text(m) + "\n" for m in result.messages).encode())
@@ -151,11 +179,16 @@ class RunWriter:
         payload = {"state_dict": result.model.state_dict(), "weights": result.weights.cpu(),
                    "model": model_spec or {}, "summary": result.summary}
         self._guard(atomic_torch_save, self.dir / "model.pt", payload)
+        if self.before_summary is not None:
+            self.before_summary()
         self._guard(write_json, self.dir / "summary.json", result.summary)
 
     def close(self) -> None:
-        """Release the lock; remove the directory if this run created it and never started."""
+        """Release the lock; remove the directory (or the lock file) if this run created it and never
+        started."""
         if self._lock_fd is not None:
+            if not self.started and self._lock_created and not self.created:
+                (self.dir / LOCK_FILE).unlink(missing_ok=True)   # (still held: no other run has it)
             os.close(self._lock_fd)   # closing the descriptor releases the flock
             self._lock_fd = None
         if not self.started:

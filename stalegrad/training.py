@@ -22,8 +22,9 @@ from torch import Tensor, nn
 from .algorithms import Algorithm
 from .config import RunConfig, default_lr  # noqa: F401  (default_lr: part of the API)
 from .errors import ConfigError
+from .model_check import check_model, num_classes, resolve_model
 from .models.init import initialise
-from .progress import Progress, count, make_progress
+from .progress import Progress, make_progress
 from .resources import check_memory
 from .runtimes.base import Evaluator
 from .schedules import LRSchedule
@@ -76,7 +77,8 @@ class TrainingRun:
 
     def __init__(self, module: nn.Module, train_data, test_data, config: RunConfig, *,
                  on_eval: Callable[[dict], None] | None = None, progress: Progress | None = None,
-                 checkpoint_path=None, resolved: dict | None = None, val_data=None):
+                 checkpoint_path=None, resolved: dict | None = None, val_data=None,
+                 on_first_step: Callable[[], None] | None = None):
         self.config = config                   # validated: see RunConfig.validate
         self.resolved = resolved if resolved is not None else config.to_dict()   # what config.json records
         self.algorithm = algorithm = config.algorithm
@@ -105,6 +107,8 @@ class TrainingRun:
         self._messages = [array("d") for _ in MESSAGE_FIELDS]   # columns: 8 bytes a field a message
         self._start = time.perf_counter()
         self._on_eval = on_eval
+        self._on_first_step = on_first_step   # called once, by started()
+        self._final_state = None              # the runtime's state at the end, saved by finish()
         self._progress = progress
         self.probes = None   # the simulator's hook (runtimes/base.py), with probe_every
         if config.probe_every:
@@ -137,6 +141,7 @@ class TrainingRun:
                    train_acc: float | None = None) -> None:
         """Account for one pushed message of ``samples`` samples, mean mini-batch ``loss`` and
         training accuracy ``train_acc`` at time ``now``; evaluate when an interval is crossed."""
+        self.started()
         due = self.evaluation_due(samples)
         self.samples += samples
         self.virtual_s = now
@@ -201,13 +206,25 @@ class TrainingRun:
         return self.checkpoint_path is not None and version >= self._next_checkpoint
 
     def save_checkpoint(self, runtime_state: dict) -> None:
-        """Write the whole state (nothing when the run writes no checkpoints)."""
+        """Write the whole state (nothing when the run writes no checkpoints). The final state (the budget
+        spent) is written by ``finish``, after the final evaluation: an extension keeps that evaluation."""
         if self.checkpoint_path is None:
             return
-        from . import checkpoint
-        checkpoint.save(self.checkpoint_path, checkpoint.capture(self, runtime_state))
+        self.started()
+        if self.done:
+            self._final_state = runtime_state
+        else:
+            from . import checkpoint
+            checkpoint.save(self.checkpoint_path, checkpoint.capture(self, runtime_state))
         every = self.config.checkpoint_every
         self._next_checkpoint = (self.server.version // every + 1) * every
+
+    def started(self) -> None:
+        """The run has taken its first step (or ended without one): ``on_first_step`` is called, once.
+        Until then a run directory keeps what it held (``rundir.RunWriter.commit``)."""
+        hook, self._on_first_step = self._on_first_step, None
+        if hook is not None:
+            hook()
 
     def note(self, text: str | None = None, **figures) -> None:
         if text is not None:
@@ -256,8 +273,12 @@ class TrainingRun:
         return [{"samples": int(row[0]), **dict(zip(MESSAGE_FIELDS[1:], row[1:]))} for row in zip(*columns)]
 
     def finish(self) -> TrainResult:
+        self.started()
         if not self.metrics or self.metrics[-1]["samples"] != self.samples:
             self.evaluate()
+        if self._final_state is not None:
+            from . import checkpoint
+            checkpoint.save(self.checkpoint_path, checkpoint.capture(self, self._final_state))
         stal = self.server.staleness.summary()
         final = self.metrics[-1]
         skipped = self.server.nonfinite_skipped
@@ -291,44 +312,30 @@ class TrainingRun:
                            probes=self.probes.records if self.probes is not None else None)
 
 
-def _resolve_model(model, input_shape, num_classes) -> nn.Module:
-    from .models import build_model
-    if isinstance(model, nn.Module):
-        return model
-    if isinstance(model, str):
-        return build_model(model, input_shape, num_classes)
-    if callable(model):
-        built = model()
-        if not isinstance(built, nn.Module):
-            raise ConfigError("model", f"factory returned {type(built).__name__}, not a torch.nn.Module")
-        return built
-    raise ConfigError("model", f"must be a torch.nn.Module, a factory, or a model name, not {type(model).__name__}")
-
-
 def train(model, train_data, test_data, algorithm: Algorithm | str | None = None, workers: int | None = None,
           runtime=None, *, config: RunConfig | None = None, on_start: Callable | None = None,
-          on_eval: Callable[[dict], None] | None = None, progress: bool = False, checkpoint_path=None,
-          resume=None, **options) -> TrainResult:
+          on_first_step: Callable[[], None] | None = None, on_eval: Callable[[dict], None] | None = None,
+          progress: bool = False, checkpoint_path=None, resume=None, **options) -> TrainResult:
     """Train ``model`` with ``algorithm`` on ``workers`` workers; return the metrics.
 
-    ``model`` is a ``torch.nn.Module``, a zero-argument factory, or a model
-    name from ``stalegrad.models`` (built for the data's shape). The data sets
-    are ``stalegrad.data.Dataset`` objects (anything with ``x``, ``y`` tensors
-    works). ``runtime`` defaults to the deterministic simulator.
+    ``model`` is a ``torch.nn.Module``, a zero-argument factory, or a model name from ``stalegrad.models``
+    (built for the data's shape). The data sets are ``stalegrad.data.Dataset`` objects (anything with ``x``,
+    ``y`` tensors works). ``runtime`` defaults to the deterministic simulator.
 
-    The options of the run are those of ``RunConfig`` (``epochs``,
-    ``batch_size``, ``lr``, ``lr_milestones``, ``lr_gamma``, ``eval_every``,
-    ``partition``, ``seed``, ``device``, ``on_nonfinite``, ``checkpoint_every``, ``init``, ``val_split``),
-    given as keywords or as ``config=RunConfig(...)``; ``lr`` defaults to the
-    algorithm's (0.1 for server SGD and local SGD, 0.001 for local Adam).
-    ``algorithm`` (default asgd), ``workers`` and the keywords may come with
-    ``config=``: each fills a field that ``config`` leaves at its default, and
-    one that disagrees with a field ``config`` sets raises ``ConfigError``.
-    Every mistake raises ``stalegrad.ConfigError`` before anything runs.
+    The options of the run are those of ``RunConfig`` (``epochs``, ``batch_size``, ``lr``, ``lr_milestones``,
+    ``lr_gamma``, ``eval_every``, ``partition``, ``seed``, ``device``, ``on_nonfinite``, ``checkpoint_every``,
+    ``init``, ``val_split``), given as keywords or as ``config=RunConfig(...)``; ``lr`` defaults to the
+    algorithm's (0.1 for server SGD and local SGD, 0.001 for local Adam). ``algorithm`` (default asgd),
+    ``workers`` and the keywords may come with ``config=``: each fills a field that ``config`` leaves at its
+    default, and one that disagrees with a field ``config`` sets raises ``ConfigError``.
+    Every mistake raises ``stalegrad.ConfigError`` before anything runs, a model that does not fit the
+    data included (input shape and dtype, its outputs against the classes, the labels).
 
-    ``checkpoint_every=N`` writes the complete state to ``checkpoint_path``
-    every N server updates; ``resume=PATH`` continues from such a checkpoint
-    (made with the same configuration) instead of starting afresh.
+    ``on_start(config, metrics)`` is called before the first evaluation (metrics: a resumed run's so far),
+    ``on_first_step()`` once the first message is applied (or at the end of a run without one).
+
+    ``checkpoint_every=N`` writes the complete state to ``checkpoint_path`` every N server updates;
+    ``resume=PATH`` continues from such a checkpoint (of the same configuration) instead of starting afresh.
     """
     from .runtimes import make_runtime
 
@@ -348,9 +355,10 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
         raise ConfigError("probe_every", f"needs the simulator (runtime sim), which alone can recompute a stale "
                                          f"gradient; runtime {runtime.describe().get('name')} cannot")
     torch.manual_seed(config.seed)
-    num_classes = int(getattr(train_data, "num_classes", int(train_data.y.max()) + 1))
-    module = _resolve_model(model, tuple(train_data.x.shape[1:]), num_classes)
+    classes = num_classes(train_data, test_data)
+    module = resolve_model(model, tuple(train_data.x.shape[1:]), classes)
     check_memory(config, module, train_data, test_data)   # the workers' and the server's copies must fit
+    check_model(module, train_data, test_data, classes)
     train_data, val_data, held_out = split_run(config, train_data, module, runtime)   # (val_split)
     untouched = initialise(module, config.init)
     resolved = config.to_dict()
@@ -368,23 +376,15 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
         resolved["numerics"] = pinned.enter_context(runtime.numerics())
     try:
         run = TrainingRun(module, train_data, test_data, config, on_eval=on_eval, progress=bar,
-                          checkpoint_path=checkpoint_path, resolved=resolved, val_data=val_data)
+                          checkpoint_path=checkpoint_path, resolved=resolved, val_data=val_data,
+                          on_first_step=on_first_step)
         if "numerics" in resolved:
             resolved["numerics"]["server_kernels"] = run.server.kernels
         if untouched:
             run.note(f"init {config.init}: left these layers as they were built: {', '.join(untouched)}")
         if saved is not None:   # checked whole, and loaded into memory, before on_start writes anything
             checkpoint.check_matches(resume, saved, run)
-            # A real runtime may end a few messages past its budget: what counts is the budget it had.
-            progress = saved["run"]["progress"]
-            budget = progress.get("sample_budget")   # (absent from older checkpoints: the samples trained)
-            done = int(progress["samples"] if budget is None else budget)
-            if done > run.sample_budget:
-                epochs = done / run.num_samples
-                had = (f"is configured for {count(epochs, 'epoch', '.4g')}, and a resumed run may only be extended"
-                       if budget is not None else f"has already trained {count(epochs, 'epoch', '.4g')}")
-                raise ConfigError("epochs", f"is {config.epochs:g}, but the run to resume {had}; give "
-                                            f"{epochs:.4g} or more")
+            checkpoint.check_budget(saved, run)
             resumed = checkpoint.restore(run, saved, resume)
         if on_start is not None:   # (configuration, metrics so far: those of the checkpoint when resuming)
             on_start(resolved, list(saved["run"]["progress"]["metrics"]) if saved is not None else [])

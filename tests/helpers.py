@@ -33,6 +33,13 @@ def blobs(n=256, d=8, classes=3, seed=0):
 TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
 
 
+def checkpointed_run(out, *options):
+    """A finished 1-epoch run of ``stalegrad train OPTIONS`` in ``out`` with a checkpoint every 5 updates."""
+    from stalegrad.cli import main
+    assert main(["train", *options, "--epochs", "1", "--checkpoint-every", "5", "--out", str(out)]) == 0
+    return out
+
+
 def write_trace(path, rows):
     """A delay trace file (``--delay trace:PATH``) of ``(worker, pulled, applied, wall_s)`` rows."""
     path.write_text("worker,pulled,applied,wall_s\n" + "".join(f"{w},{p},{a},{t}\n" for w, p, a, t in rows))

@@ -167,7 +167,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     (["--hidden", "100000000000"], "parameters x"),
     (["--workers", "99999999999999999999", "--partition", "iid"], "the run needs about"),
     (["--runtime", "local", "--threads-per-worker", "100000"], "--threads-per-worker is 100000, more than"),
-    (["--delay", "gamma:1e-320"], "--delay makes one message take inf virtual seconds"),
+    (["--delay", "gamma:1e-320"], "--delay 'gamma:1e-320': SHAPE must be a number from 0.01 to 1e+06"),
     (["--step-time", "1e308", "--delay", "round-robin"], "--step-time makes one message take 1e+308 virtual seconds"),
     (["--delay", "trace:/dev/zero"], "not a regular file"),
 ])
@@ -221,7 +221,7 @@ def test_bad_config_keys_and_values(tmp_path, capsys):
     ("epochs = {a = 1}", "epochs must be a number, not {'a': 1}"),
     ('hidden = ["a"]', "hidden must be a list of integers"),
     ('lr_milestones = ["x"]', "lr_milestones must be a list of numbers"),
-    ("epochs = inf", "--epochs must be a finite number > 0, got inf"), ("lr = nan", "--lr must be a finite number"),
+    ("epochs = inf", "epochs must be a finite number > 0, got inf"), ("lr = nan", "lr must be a finite number"),
     ("train = 5", "unknown key 'train'"), ("seed = 1.5", "seed"), ('lam0 = "a"', "lam0"),
     # strict types (issue 17 item 5): no dates, no numbers in strings, no number for a path, no 1 for true
     ("epochs = 1970-01-01", "epochs must be a number, not 1970-01-01"),
@@ -233,7 +233,11 @@ def test_bad_config_keys_and_values(tmp_path, capsys):
     # no table but [train]; no keys beside it, which it would silently override
     ("[x]\ny = 1", "unknown table [x]"), ("workers = 2\n[train]\nworkers = 3", "workers is outside the [train] table"),
     ("[other]\nx = 1", "unknown table [other]"), ("[train]\n[train.x]\ny = 1", "unknown table [train.x]"),
-    ("lr_milestones = [2, 1]", "--lr-milestones must be increasing"),
+    ("lr_milestones = [2, 1]", "lr_milestones must be increasing"),
+    # issue 32: a value the file gave names the file and its key, not a flag never typed
+    ("val_split = -1", "val_split must be a count of training samples"),
+    ("[train]\nval-split = -1", "val-split must be a count of training samples"),
+    ("lam0 = -1", "dcasgd-a: lam0 must be a finite number >= 0"),
 ])
 def test_config_values_of_the_wrong_shape_are_one_line(tmp_path, capsys, line, needle):
     cfg = tmp_path / "c.toml"
@@ -241,7 +245,7 @@ def test_config_values_of_the_wrong_shape_are_one_line(tmp_path, capsys, line, n
     code, _, err = cli(capsys, "train", "--config", cfg, "--out", tmp_path / "r")
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
     if "--" not in needle:   # the file's own mistakes name the file
-        assert err.startswith(f"stalegrad: error: {cfg}: "), err
+        assert err.startswith(f"stalegrad: error: {cfg}: ") and "--" not in err, err
     assert not (tmp_path / "r").exists()
 
 

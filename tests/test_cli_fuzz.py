@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from stalegrad.algorithms import ALGORITHMS
 from stalegrad.cli import main
 
+from helpers import checkpointed_run
+
 NUMBERS = ["0", "-1", "nan", "inf", "-inf", "x", "", "1e400", "99999999999999999999999"]
 CHOICES = {
     "--algo": [*ALGORITHMS, "foo"],
@@ -21,7 +23,7 @@ CHOICES = {
     "--val-split": ["0", "100", "0.1", "1.5", "2000", "0.0001", *NUMBERS],
     "--delay": ["uniform", "gamma:2", "gamma:-1", "gamma:nan", "straggler:3", "heterogeneous:sqrt",
                 "heterogeneous:x", "trace:/nonexistent.csv", "trace:", "warp", "exponential", "gamma:1e-320",
-                "trace:/dev/zero", "straggler:1e300"],
+                "trace:/dev/zero", "straggler:1e300", "gamma:1e308", "gamma:9e307", "straggler:0.5"],
     "--step-time": ["1", "0.5", "1e308", *NUMBERS],
     "--runtime": ["sim", "bogus", "local"],
     "--threads-per-worker": ["1", "0", "x", "100000"],
@@ -40,7 +42,10 @@ CHOICES = {
     "--ms-momentum": ["0.95", "1", *NUMBERS], "--momentum": ["0.9", "1.5", *NUMBERS],
     "--weight-decay": ["1e-4", *NUMBERS], "--local-weight-decay": ["1e-4", *NUMBERS],
     "--window": ["1", "3", "2.5", *NUMBERS], "--local-opt": ["adam", "sgd", "x"],
-    "--local-momentum": ["0.9", *NUMBERS], "--rho": ["5", *NUMBERS], "--elastic-lr": ["0.01", "0.5", *NUMBERS],
+    "--local-momentum": ["0.9", "1", "1e6", *NUMBERS], "--rho": ["5", *NUMBERS],
+    "--elastic-lr": ["0.01", "0.5", *NUMBERS],
+    "--outer-opt": ["sgd", "nesterov", "delayed-nesterov", "x"], "--dn-delay": ["0", "2", "100000000000000000000", "-1"],
+    "--dn-c": ["0", "0.1", "2", *NUMBERS],
     "--beta": ["0.9", "1.5", *NUMBERS],
 }
 FLAGS = ["--vectorised", "--overwrite"]
@@ -164,3 +169,89 @@ def test_random_grid_files_are_typed_strictly(tmp_path_factory, capsys, fixed, a
         assert code == 2 and err.startswith(f"stalegrad: error: {path}: [fixed] "), err
     if code == 2:
         assert err.count("\n") == 1 and err.startswith("stalegrad: error: "), err
+
+
+# ---- the adversarial probes' repro lines: each a test that grows with every defect found ----------------
+# Issue 32 (train): each of these removed a finished run it was to --overwrite, hung, crashed mid-run or ran
+# a run that meant nothing. Each must now be one line, exit 2, and leave the finished run byte for byte.
+PROBE = ["--workers", "2", "--dataset", "synthetic", "--model", "logreg", "--epochs", "0.3", "--quiet"]
+REPROS = [
+    ["--delay", "gamma:1e308"], ["--delay", "gamma:9e307"],
+    ["--delay", "trace:{dir}/negative5.txt"], ["--delay", "trace:{dir}/negative1.txt"],
+    ["--algo", "agn", "--window", "2", "--local-opt", "sgd", "--local-momentum", "1e6"],
+    ["--algo", "async-local-sgd", "--window", "2", "--dn-delay", "100000000000000000000"],
+    ["--algo", "async-local-sgd", "--window", "2", "--outer-opt", "sgd", "--dn-c", "0.1"],
+    ["--algo", "async-local-sgd", "--window", "2", "--outer-opt", "nesterov", "--dn-delay", "2"],
+    ["--config", "{dir}/val_split.toml"],
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("probe")
+    (base / "negative5.txt").write_text("0\n1\n-5\n0\n")
+    (base / "negative1.txt").write_text("0\n1\n-1\n0\n")
+    (base / "val_split.toml").write_text("val_split = -1\n")
+    assert main(["train", *PROBE, "--checkpoint-every", "5", "--out", str(base / "FINISHED")]) == 0
+    return base
+
+
+@pytest.mark.parametrize("repro", REPROS, ids=lambda r: " ".join(r))
+def test_the_probes_repro_lines_are_one_line_and_change_nothing(finished_run, capsys, repro):
+    run = finished_run / "FINISHED"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".lock"}
+    args = [a.replace("{dir}", str(finished_run)) for a in repro]
+    code = main(["train", *PROBE, *args, "--overwrite", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("stalegrad: error: "), err
+    assert not PYTHON_NAMES.search(err.replace("val_split", "")), err   # flags, or a file's own key
+    if "--config" in repro:   # a value the file gave: the file and its key, not a flag never typed
+        assert "val_split.toml: val_split must be" in err, err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".lock"} == before
+
+
+# Issue 32 item 2: a checkpoint whose metrics or progress hold anything at all resumes, or is refused in one
+# line with every file as it was; never a traceback, never a run directory changed and then abandoned.
+METRIC_KEYS = ["epoch", "updates", "samples", "wall_s", "virtual_s", "lr", "train_loss", "train_acc", "test_loss",
+               "test_acc", "val_loss", "val_acc", "tau_mean", "nonfinite_skipped", "colour"]
+PROGRESS_KEYS = ["samples", "virtual_s", "next_eval", "loss_sum", "loss_count", "wall_s", "next_checkpoint",
+                 "sample_budget", "acc_sum", "acc_samples", "notes"]
+anything = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**13), st.floats(allow_nan=True, allow_infinity=True),
+                     st.sampled_from(["", "0.9", "x"]), st.just([1]), st.just({"a": 1}))
+
+
+@pytest.fixture(scope="module")
+def finished_with_validation(tmp_path_factory):
+    return checkpointed_run(tmp_path_factory.mktemp("checkpoint") / "R", *PROBE, "--val-split", "200")
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(part=st.sampled_from(["metric", "progress"]), metric_key=st.sampled_from(METRIC_KEYS),
+       progress_key=st.sampled_from(PROGRESS_KEYS), which=st.integers(0, 1), drop=st.booleans(), value=anything)
+def test_a_checkpoint_with_any_value_changed_resumes_or_is_refused_cleanly(tmp_path_factory, capsys,
+                                                                          finished_with_validation, part, metric_key,
+                                                                          progress_key, which, drop, value):
+    import shutil
+
+    import torch
+    out = tmp_path_factory.mktemp("resume") / "R"
+    shutil.copytree(finished_with_validation, out)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    progress = state["run"]["progress"]
+    target, key = (progress["metrics"][-which], metric_key) if part == "metric" else (progress, progress_key)
+    if drop:
+        target.pop(key, None)
+    else:
+        target[key] = value
+    torch.save(state, out / "checkpoint.pt")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
+    code = main(["train", "--resume", str(out), "--epochs", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and code in (0, 2), (part, key, drop, value, err)
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, err
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before, err
+    else:
+        summary = __import__("json").loads((out / "summary.json").read_text())
+        assert summary["epochs"] >= 2 and 0 <= summary["final_test_acc"] <= 1

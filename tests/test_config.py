@@ -240,3 +240,96 @@ def test_a_trace_is_a_regular_file_of_bounded_size(tmp_path, monkeypatch):
     monkeypatch.setattr(delays, "MAX_TRACE_BYTES", 100)
     with pytest.raises(ConfigError, match="more than the"):
         delays.read_trace(trace)
+
+
+# ---- issue 32 item 7: the Python API checks the model against the data before the first step --------------
+def _data(x=None, y=None, num_classes=3, base=TRAIN):
+    from types import SimpleNamespace
+    data = SimpleNamespace(x=base.x if x is None else x, y=base.y if y is None else y)
+    if num_classes is not None:
+        data.num_classes = num_classes
+    return data
+
+
+MODEL_MISFITS = [
+    ("wrong input shape", lambda: (torch.nn.Linear(10, 3), TRAIN, TEST), r"^model cannot take the data's samples "
+     r"of shape \(8,\) \(mat1 and mat2 shapes cannot be multiplied .*\); give a model built for them$"),
+    ("too few classes", lambda: (torch.nn.Linear(8, 2), TRAIN, TEST),
+     r"^model returns 2 class scores per sample, but the data has 3 classes \(labels 0\.\.2\); give it a head of 3 "),
+    ("not one row per sample", lambda: (torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.Flatten(0)), TRAIN, TEST),
+     r"^model returns \(6,\) for a batch of 2 samples"),
+    ("float labels", lambda: ("logreg", _data(y=TRAIN.y.float()), TEST),
+     r"^train_data holds labels as a torch.float32 tensor of shape \(256,\); labels are class indices"),
+    ("negative labels", lambda: ("logreg", _data(y=TRAIN.y - 1), TEST),
+     r"^train_data holds the label -1; labels are class indices from 0$"),
+    ("labels past the classes", lambda: ("logreg", _data(y=TRAIN.y + 3), TEST),
+     r"^train_data holds the label 5, but the data has 3 classes \(labels 0\.\.2\)"),
+    ("test labels past the classes", lambda: ("logreg", TRAIN, _data(y=TEST.y * 2, base=TEST, num_classes=None)),
+     r"^test_data holds the label 4, but the data has 3 classes"),
+    ("float64 samples", lambda: ("logreg", _data(x=TRAIN.x.double()), _data(x=TEST.x.double(), base=TEST)),
+     r"^train_data holds torch.float64 samples, but the model's weights are torch.float32; convert the samples"),
+    ("integer samples", lambda: ("logreg", _data(x=TRAIN.x.long()), _data(x=TEST.x.long(), base=TEST)),
+     r"^train_data holds samples of type torch.int64; samples are a floating-point tensor$"),
+    ("empty training set", lambda: ("logreg", _data(x=TRAIN.x[:0], y=TRAIN.y[:0]), TEST),
+     r"^train_data is empty: it holds no samples to train on$"),
+]
+
+
+@pytest.mark.parametrize("case,make,message", MODEL_MISFITS, ids=[c[0] for c in MODEL_MISFITS])
+def test_a_model_that_does_not_fit_the_data_is_one_config_error_before_anything_runs(case, make, message):
+    """Each of these raised torch's error mid-run (or, the empty set, 'val_split holds out 0 of the 0')."""
+    model, train_data, test_data = make()
+    started = []
+    with pytest.raises(ConfigError, match=message) as info:
+        sg.train(model, train_data, test_data, "asgd", 2, epochs=1, batch_size=8,
+                 on_start=lambda *a: started.append(a))
+    assert started == [] and "\n" not in str(info.value)
+
+
+def test_the_model_check_leaves_the_model_as_it_was():
+    """One forward pass in eval mode, no gradient and no random draw: the modes of every submodule, the
+    parameters and the torch generator are untouched, so a run's bits are what they were."""
+    from stalegrad.model_check import check_model
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(16, 3))
+    model[1].eval()   # a user's choice, kept
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    check_model(model, TRAIN, TEST, 3)
+    assert [m.training for m in model.modules()] == [True, True, False, True, True]
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in model.parameters())
+
+
+# ---- issue 32 item 10: values that mean nothing ------------------------------------------------------
+def test_a_local_momentum_of_one_or_more_is_refused():
+    for bad in (1.0, 1e6, -0.1, math.nan):
+        with pytest.raises(ConfigError, match=r"^agn: local_momentum must be in \[0, 1\)"):
+            make_algorithm("agn", local_opt="sgd", local_momentum=bad)
+    assert make_algorithm("agn", local_opt="sgd", local_momentum=0.9).local_momentum == 0.9
+
+
+@pytest.mark.parametrize("outer,kw", [("sgd", {"dn_c": 0.1}), ("nesterov", {"dn_delay": 3}), ("sgd", {"dn_delay": 2})])
+def test_delayed_nesterov_parameters_are_refused_with_another_outer_optimizer(outer, kw):
+    """They did nothing and were recorded in config.json as if they applied."""
+    name = next(iter(kw))
+    with pytest.raises(ConfigError, match=rf"^async-local-sgd: {name} applies to outer_opt delayed-nesterov only"):
+        make_algorithm("async-local-sgd", outer_opt=outer, **kw)
+
+
+def test_a_delayed_nesterov_period_longer_than_the_run_is_refused(tmp_path, capsys):
+    """--dn-delay 1e20 made every update 1/1e20 of a commit: the run stayed at its initial accuracy."""
+    kw = dict(epochs=1, batch_size=8, seed=1)
+    algo = make_algorithm("async-local-sgd", window=2, dn_delay=10 ** 20)
+    with pytest.raises(ConfigError, match=r"^async-local-sgd: dn_delay is 100000000000000000000, more than the 16 "
+                                          r"server updates this run makes"):
+        sg.train("logreg", TRAIN, TEST, algo, 2, **kw)
+    ok = sg.train("logreg", TRAIN, TEST, make_algorithm("async-local-sgd", window=2, dn_delay=16), 2, **kw)
+    assert ok.summary["updates"] == 16
+    code = main(["train", "--algo", "async-local-sgd", "--window", "2", "--dn-delay", "100000000000000000000",
+                 "--dataset", "synthetic", "--model", "logreg", "--epochs", "0.1", "--quiet",
+                 "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and "--dn-delay is 100000000000000000000" in err, err
+    assert not (tmp_path / "r").exists()

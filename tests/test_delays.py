@@ -126,3 +126,51 @@ def test_an_empty_delay_is_refused_not_taken_for_the_default(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("stalegrad: error: --delay '' is not a delay model") and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+# ---- issue 32: parameters a sampler cannot draw in bounded time, negative ids in bare-id traces ------------
+@pytest.mark.parametrize("spec", ["gamma:1e308", "gamma:9e307", "gamma:1e7", "gamma:0.001", "gamma:1e-320",
+                                  "straggler:0.5", "straggler:1e-300", "straggler:1e13"])
+def test_delay_parameters_out_of_their_bounds_are_refused_when_parsed(spec):
+    """gamma:1e308 and gamma:9e307 spun forever in random.gammavariate (sqrt(2*SHAPE - 1) overflows); the
+    others are no compute times (all draws 1, most draws 0, a clock that stops)."""
+    with pytest.raises(ConfigError, match=r"^delay '.*': (SHAPE|K) must be a number from "):
+        parse_delay(spec, 4)
+
+
+def test_the_bounds_of_gamma_draw_finite_times_at_once():
+    import math
+    import random
+    rng = random.Random(0)
+    for spec in ("gamma:0.01", "gamma:1e6"):
+        model = parse_delay(spec, 4)
+        draws = [model.factor(0, rng) for _ in range(2000)]
+        assert all(math.isfinite(d) and d >= 0 for d in draws), spec
+    assert parse_delay("straggler:1", 2).longest(2) == 1.0 and parse_delay("straggler:1e12", 2).slowdown == 1e12
+    with pytest.raises(ConfigError, match="SHAPE must be a number from 0.01 to 1e\\+06"):
+        Gamma(shape=1e308)            # a model built in Python is held to the same bounds
+
+
+def test_a_grid_dry_run_refuses_a_delay_the_sampler_cannot_draw(tmp_path, capsys):
+    grid = tmp_path / "g.toml"
+    grid.write_text('[fixed]\ndataset = "synthetic"\nmodel = "logreg"\ndelay = "gamma:9e307"\n[axes]\nseeds = [0]\n')
+    assert main(["grid", str(grid), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "gamma:9e307" in err and "SHAPE must be a number from" in err, err
+
+
+@pytest.mark.parametrize("bad", ["-5", "-1"])
+def test_a_bare_id_trace_with_a_negative_id_is_refused_like_the_csv_form(tmp_path, capsys, bad):
+    """-5 crashed mid-run with an IndexError (a half-written run directory); -1 became the last worker."""
+    trace = tmp_path / "t.txt"
+    trace.write_text(f"0\n1\n{bad}\n0\n")
+    with pytest.raises(ConfigError, match=rf"push 3 names worker {bad}; worker ids count from 0$"):
+        parse_delay(f"trace:{trace}", 2)
+    csv = tmp_path / "t.csv"
+    csv.write_text(f"worker\n0\n1\n{bad}\n")
+    with pytest.raises(ConfigError, match="worker ids count from 0"):
+        parse_delay(f"trace:{csv}", 2)
+    code = main(["train", *SYNTH, "--workers", "2", "--delay", f"trace:{trace}", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and "worker ids count from 0" in err, err
+    assert not (tmp_path / "r").exists()

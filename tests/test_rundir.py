@@ -14,6 +14,8 @@ from stalegrad.cli import main
 from stalegrad.rundir import LOCK_FILE, RunWriter
 from stalegrad.results import OutputError
 
+from helpers import checkpointed_run
+
 RUN = ["--dataset", "synthetic", "--model", "logreg", "--workers", "2", "--epochs", "0.3", "--quiet"]
 FILES = ["config.json", "metrics.jsonl", "staleness.json", "summary.json", "model.pt"]
 
@@ -38,12 +40,17 @@ def finished(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", [["--lr-milestones", "2,1"], ["--lr", "nan"], ["--epochs", "inf"],
                                  ["--delay", "trace:/nonexistent.csv"], ["--model", "cnn"],
-                                 ["--seed", "99999999999999999999999"], ["--batch-size", "100000"]])
+                                 ["--seed", "99999999999999999999999"], ["--batch-size", "100000"],
+                                 # issue 32: these removed the finished run, then hung or crashed
+                                 ["--delay", "gamma:1e308"], ["--delay", "trace:NEGATIVE"]])
 def test_overwrite_with_a_bad_input_keeps_the_old_run(finished, capsys, bad):
-    before = snapshot(finished)
+    if bad[-1] == "trace:NEGATIVE":   # bare worker ids, one of them negative
+        (finished.parent / "t.txt").write_text("0\n1\n-5\n0\n")
+        bad = ["--delay", f"trace:{finished.parent / 't.txt'}"]
+    before = every_file(finished)
     code, _, err = cli(capsys, "train", *RUN, *bad, "--overwrite", "--out", finished)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert snapshot(finished) == before
+    assert every_file(finished) == before
 
 
 def test_overwrite_keeps_the_old_files_until_the_new_run_starts(finished, capsys, monkeypatch):
@@ -55,6 +62,77 @@ def test_overwrite_keeps_the_old_files_until_the_new_run_starts(finished, capsys
     monkeypatch.setattr(training.TrainingRun, "__init__", fail_before_start)
     code, _, err = cli(capsys, "train", *RUN, "--overwrite", "--out", finished)
     assert code == 2 and snapshot(finished) == before
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_before_the_first_step(monkeypatch, how):
+    """The simulator's loop stops before any message is applied: an interrupt, a crash, or a run that
+    hangs there and is broken off (gamma:1e308 hung in the loop's first delay draw)."""
+    from stalegrad.runtimes.events import EventLoop
+
+    def begin(self):
+        raise how()
+    monkeypatch.setattr(EventLoop, "begin", begin)
+
+
+@pytest.mark.parametrize("how", [KeyboardInterrupt, Stop])
+def test_overwrite_keeps_the_old_run_until_the_first_step(finished, capsys, monkeypatch, how):
+    """Issue 32 item 1: every check passed, the run started, and stopped before its first step: the old
+    run is there byte for byte (and no file of the new one)."""
+    before = every_file(finished)
+    stop_before_the_first_step(monkeypatch, how)
+    if how is Stop:
+        with pytest.raises(Stop):
+            cli(capsys, "train", *RUN, "--seed", "3", "--overwrite", "--out", finished)
+    else:
+        code, _, err = cli(capsys, "train", *RUN, "--seed", "3", "--overwrite", "--out", finished)
+        assert code == 130 and err.strip() == "stalegrad: interrupted", err
+    assert every_file(finished) == before
+
+
+def test_overwrite_replaces_the_old_run_once_the_first_step_is_taken(finished, capsys, monkeypatch):
+    from stalegrad.server import ParameterServer
+    original = ParameterServer.push
+
+    def push(self, worker, msg, lr):
+        if self.version == 1:   # the second message: the first one is applied
+            raise KeyboardInterrupt
+        return original(self, worker, msg, lr)
+    monkeypatch.setattr(ParameterServer, "push", push)
+    code, _, err = cli(capsys, "train", *RUN, "--seed", "3", "--overwrite", "--out", finished)
+    assert code == 130
+    assert json.loads((finished / "config.json").read_text())["seed"] == 3      # the new run's
+    assert sorted(p.name for p in finished.iterdir() if p.name != LOCK_FILE) == ["config.json", "metrics.jsonl"]
+
+
+def test_a_new_run_stopped_before_its_first_step_leaves_no_directory(tmp_path, capsys, monkeypatch):
+    stop_before_the_first_step(monkeypatch, KeyboardInterrupt)
+    code, _, err = cli(capsys, "train", *RUN, "--out", tmp_path / "new" / "R")
+    assert code == 130 and not (tmp_path / "new" / "R").exists()
+
+
+@pytest.mark.parametrize("cause", ["full disk", "read-only"])
+def test_a_lock_that_cannot_be_written_is_one_line_and_leaves_no_lock(finished, tmp_path, capsys, monkeypatch, cause):
+    """Issue 32 item 6: the PID written into .lock on a full disk was a 30-line OSError and left a .lock."""
+    import errno
+
+    def pwrite(fd, data, offset):
+        raise OSError(errno.ENOSPC if cause == "full disk" else errno.EROFS,
+                      os.strerror(errno.ENOSPC if cause == "full disk" else errno.EROFS))
+    (finished / LOCK_FILE).unlink()
+    before = every_file(finished)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    for out, extra in ((finished, ["--overwrite"]), (tmp_path / "empty", []), (tmp_path / "new", [])):
+        code, _, err = cli(capsys, "train", *RUN, *extra, "--out", out)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert f"cannot write the lock file {LOCK_FILE} ({os.strerror(errno.ENOSPC if cause == 'full disk' else errno.EROFS)})" in err
+        assert not (out / LOCK_FILE).exists()
+    assert every_file(finished) == before and not list((tmp_path / "empty").iterdir())
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_second_run_on_a_locked_directory_fails_at_once_naming_the_pid(finished, capsys):
@@ -272,13 +350,67 @@ def _worker_in_heap_out_of_range(st):
     st["runtime"]["heap"][0] = (t, q, 7)
 
 
+def test_an_intact_checkpoint_still_resumes_and_extends(checkpointed, tmp_path, capsys):
+    out = copy_of(checkpointed, tmp_path)
+    code, _, err = cli(capsys, "train", "--resume", out, "--epochs", "3")
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["epochs"] == 3
+    assert json.loads((out / "summary.json").read_text())["epochs"] >= 3
+
+
+# ---- issue 32: a checkpoint checked against the complete schema; config.json edits; extensions -----------
+@pytest.fixture(scope="module")
+def checkpointed_val(tmp_path_factory):
+    """A finished run with a validation split (its evaluations hold val_loss and val_acc) and a checkpoint."""
+    return checkpointed_run(tmp_path_factory.mktemp("checkpointed_val") / "R", *RUN, "--val-split", "200")
+
+
+def _metric_without_val_acc(st):
+    del st["run"]["progress"]["metrics"][-1]["val_acc"]
+
+
+def _metric_val_acc_a_string(st):
+    st["run"]["progress"]["metrics"][-1]["val_acc"] = "0.9"
+
+
+def _metric_with_an_unknown_key(st):
+    st["run"]["progress"]["metrics"][0]["colour"] = 1
+
+
+def _metric_accuracy_above_one(st):
+    st["run"]["progress"]["metrics"][-1]["test_acc"] = 7.5
+
+
+def _metrics_out_of_order(st):
+    st["run"]["progress"]["metrics"][0]["samples"] = st["run"]["progress"]["samples"] + 1
+
+
+def _metric_updates_past_the_version(st):
+    st["run"]["progress"]["metrics"][-1]["updates"] = st["run"]["server"]["version"] + 1
+
+
+def _samples_far_past_the_budget(st):
+    st["run"]["progress"]["samples"] = 10 ** 12       # "finished", claiming 7.5e8 epochs
+
+
+def _samples_past_the_messages(st):
+    st["run"]["progress"]["samples"] += 1
+
+
 @pytest.mark.parametrize("damage", [_drop_worker, _cut_weights, _garbage_rng, _garbage_worker_rng, _metrics_string,
                                     _metric_without_accuracy, _short_pulled_version, _sample_index_out_of_range,
-                                    _worker_in_heap_out_of_range], ids=lambda f: f.__name__.strip("_"))
-def test_a_damaged_checkpoint_is_refused_before_anything_changes(checkpointed, tmp_path, capsys, damage):
+                                    _worker_in_heap_out_of_range,
+                                    # issue 32 item 2: these passed every check
+                                    _metric_without_val_acc, _metric_val_acc_a_string, _metric_with_an_unknown_key,
+                                    _metric_accuracy_above_one, _metrics_out_of_order,
+                                    _metric_updates_past_the_version, _samples_far_past_the_budget,
+                                    _samples_past_the_messages], ids=lambda f: f.__name__.strip("_"))
+def test_a_damaged_checkpoint_is_refused_before_anything_changes(checkpointed_val, tmp_path, capsys, damage):
     """Each damage passes the load check (a dict of the right format and keys) but not the run: refused
-    in one line, exit 2, and config.json (epochs 2), metrics.jsonl and the rest byte for byte as they were."""
-    out = copy_of(checkpointed, tmp_path)
+    in one line, exit 2, and config.json, metrics.jsonl and the rest byte for byte as they were. (Issue 32:
+    saved metrics without val_acc, or a string there, passed every check; the resume then deleted
+    summary.json, rewrote the run's files and died with a KeyError.)"""
+    out = copy_of(checkpointed_val, tmp_path)
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     damage(state)
     torch.save(state, out / "checkpoint.pt")
@@ -289,12 +421,98 @@ def test_a_damaged_checkpoint_is_refused_before_anything_changes(checkpointed, t
     assert every_file(out) == before
 
 
-def test_an_intact_checkpoint_still_resumes_and_extends(checkpointed, tmp_path, capsys):
+def _edit(key_path, value):
+    def edit(cfg):
+        *parents, last = key_path
+        for k in parents:
+            cfg = cfg[k]
+        cfg[last] = value
+    edit.__name__ = ".".join(key_path)
+    return edit
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (_edit(["runtime", "delay"], "exponential"), "made with delay 'gamma:2', but this run has 'exponential'"),
+    (_edit(["runtime", "step_time"], 2.0), "made with step_time 1.0, but this run has 2.0"),
+    (_edit(["lr"], 0.5), "made with schedule"),
+    (_edit(["on_nonfinite"], "stop"), "made with on_nonfinite 'skip'"),
+    (_edit(["colour"], "red"), "config.json holds 'colour', which is no option of a run"),
+    (_edit(["algorithm", "colour"], 1), "config.json holds 'algorithm.colour'"),
+    (_edit(["runtime", "colour"], 1), "config.json holds 'runtime.colour'"),
+    (_edit(["overwrite"], True), "config.json holds 'overwrite'"),
+], ids=lambda v: getattr(v, "__name__", None) or "")
+def test_an_edited_config_is_refused_on_resume(checkpointed, tmp_path, capsys, edit, needle):
+    """Issue 32 item 11: a changed delay model ran (two models mixed, config.json naming one); unknown
+    keys were dropped silently."""
     out = copy_of(checkpointed, tmp_path)
+    cfg = json.loads((out / "config.json").read_text())
+    edit(cfg)
+    (out / "config.json").write_text(json.dumps(cfg))
+    before = every_file(out)
     code, _, err = cli(capsys, "train", "--resume", out, "--epochs", "3")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert every_file(out) == before
+
+
+def test_extending_a_finished_run_keeps_its_history(tmp_path, capsys):
+    """Issue 32 item 12: the final evaluation of the 1-epoch run stays as it was, the extension's come after
+    it, and the weights are a never-stopped 2-epoch run's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert cli(capsys, "train", *RUN, "--epochs", "1", "--checkpoint-every", "5", "--out", one)[0] == 0
+    before = (one / "metrics.jsonl").read_text().splitlines()
+    final = json.loads(before[-1])
+    assert final["samples"] == json.loads((one / "summary.json").read_text())["samples"]
+    code, _, err = cli(capsys, "train", "--resume", one, "--epochs", "2")
     assert code == 0, err
-    assert json.loads((out / "config.json").read_text())["epochs"] == 3
-    assert json.loads((out / "summary.json").read_text())["epochs"] >= 3
+    after = (one / "metrics.jsonl").read_text().splitlines()
+    assert after[:len(before)] == before, "the evaluations before the resume changed"
+    added = [json.loads(line) for line in after[len(before):]]
+    assert added and all(m["updates"] > final["updates"] and m["samples"] > final["samples"] for m in added)
+    assert cli(capsys, "train", *RUN, "--epochs", "2", "--checkpoint-every", "5", "--out", two)[0] == 0
+    sha = [json.loads((d / "summary.json").read_text())["weights_sha256"] for d in (one, two)]
+    assert sha[0] == sha[1]
+
+
+def test_a_resume_changes_nothing_before_its_first_step(checkpointed, tmp_path, capsys, monkeypatch):
+    """The extension of a finished run stopped before its first message: still the finished run."""
+    out = copy_of(checkpointed, tmp_path)
+    before = every_file(out)
+    from stalegrad.server import ParameterServer
+
+    def push(self, worker, msg, lr):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ParameterServer, "push", push)
+    code, _, err = cli(capsys, "train", "--resume", out, "--epochs", "3")
+    assert code == 130 and every_file(out) == before
+
+
+def test_an_interrupt_once_summary_json_is_written_is_ignored(tmp_path, capsys, monkeypatch):
+    """Issue 32 item 14: the run is finished; the command exits 0 (its summary line said), no traceback,
+    and a caller in this process gets its own SIGINT handler back."""
+    import stalegrad.rundir as rundir
+    from pathlib import Path
+    written = rundir.write_json
+
+    def write_json(path, obj):
+        written(path, obj)
+        if Path(path).name == "summary.json":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+    monkeypatch.setattr(rundir, "write_json", write_json)
+    handler = signal.getsignal(signal.SIGINT)
+    code, out, err = cli(capsys, "train", *RUN, "--out", tmp_path / "R")
+    assert code == 0 and "interrupted" not in err and "Traceback" not in err and "test acc" in out, err
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_an_interrupt_while_the_process_exits_adds_no_traceback():
+    """Python's exit runs finalisers (torch's for a while); an interrupt there printed a KeyboardInterrupt
+    traceback after the command had finished with exit code 0."""
+    probe = ("import atexit, os, signal, sys, time; from stalegrad.cli import main; "
+             "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2))); "
+             "sys.argv = ['stalegrad', 'algorithms']; sys.exit(main())")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert proc.returncode == 0 and "KeyboardInterrupt" not in proc.stderr and not proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("how", ["directory", "not-utf8", "not-json", "unreadable"])
@@ -344,6 +562,17 @@ def fill(disk):
     assert full.value.errno == errno.ENOSPC
 
 
+def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock(small_disk, capsys):
+    """Issue 32 item 6, on a real full disk: creating .lock needs no space, writing the PID into it does."""
+    (small_disk / "R").mkdir()
+    fill(small_disk)
+    for out in (small_disk / "R", small_disk / "new"):
+        code, _, err = cli(capsys, "train", *RUN, "--out", out)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert "(No space left on device)" in err and not (out / LOCK_FILE).exists(), err
+    assert not (small_disk / "new").exists() and not list((small_disk / "R").iterdir())
+
+
 def test_a_read_only_run_directory_is_refused_before_the_data_is_read(small_disk, capsys, monkeypatch):
     out = small_disk / "R"
     assert cli(capsys, "train", *RUN, "--checkpoint-every", "5", "--out", out)[0] == 0
@@ -374,6 +603,7 @@ def test_a_metrics_line_on_a_full_disk_is_whole_or_absent(small_disk):
     writer = RunWriter(small_disk / "R").open()
     try:
         writer.start({"algorithm": {"name": "asgd"}}, [{"samples": 0, "test_acc": 0.1}])
+        writer.commit()   # (the first step: written from here)
         before = (small_disk / "R" / "metrics.jsonl").read_bytes()
         fill(small_disk)
         # longer than what is left of the file's last page: part of it would fit

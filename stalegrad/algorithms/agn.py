@@ -41,7 +41,8 @@ class CommitAlgorithm(Algorithm):
         super().validate()
         if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
             raise ConfigError("window", f"must be a positive integer, got {self.window!r}", self.name)
-        check_nonnegative(self, "local_weight_decay", "local_momentum")
+        check_nonnegative(self, "local_weight_decay")
+        local_opt.check(self)
 
     @property
     def steps_per_message(self) -> int:

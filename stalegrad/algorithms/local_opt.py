@@ -17,6 +17,15 @@ if TYPE_CHECKING:
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 
 
+def check(algorithm, momentum: str = "local_momentum") -> None:
+    """The local optimizer's momentum lies in [0, 1): sgd's buffer b <- momentum*b + g grows without
+    bound at 1 or more (the steps then diverge; 1e6 made every commit NaN). ConfigError otherwise."""
+    v = getattr(algorithm, momentum)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+        raise ConfigError(momentum, f"must be in [0, 1) (the local sgd's momentum; 0.9 is usual), got {v!r}",
+                          algorithm.name)
+
+
 def init(name: str, w: Tensor, momentum: float = 0.0) -> dict:
     if name == "adam":
         return {"step": 0, "m": torch.zeros_like(w), "v": torch.zeros_like(w)}

@@ -87,8 +87,24 @@ class AsyncLocalSGD(AccumulatedCommit):
             raise ConfigError("dn_delay", f"must be a non-negative integer (0: the number of workers), "
                                           f"got {self.dn_delay!r}", self.name)
         check_nonnegative(self, "dn_c")
+        if self.outer_opt != "delayed-nesterov":   # they would be recorded while doing nothing
+            given = "dn_delay" if self.dn_delay else "dn_c" if self.dn_c else None
+            if given is not None:
+                raise ConfigError(given, f"applies to outer_opt delayed-nesterov only (its N and c), not "
+                                         f"{self.outer_opt}; drop it, or use outer_opt delayed-nesterov", self.name)
         if self.dn_delay:
             self.check_workers(self.dn_delay)
+
+    def check_updates(self, updates: int) -> None:
+        """Refuse an N (dn_delay) larger than the ``updates`` the run makes: the momentum would never move,
+        and every update is 1/N of a pseudo-gradient, so that training does nothing (N = 1e20: the model
+        stayed at its initial accuracy). N <= updates moves the momentum at least once, and the weights by at
+        least one outer step on the mean pseudo-gradient."""
+        if self.outer_opt == "delayed-nesterov" and self.dn_delay > max(1, updates):
+            raise ConfigError("dn_delay", f"is {self.dn_delay}, more than the {updates} server updates this run "
+                                          f"makes, so that the momentum never moves and each update is 1/"
+                                          f"{self.dn_delay} of a commit; give at most {max(1, updates)} (0: the "
+                                          "number of workers)", self.name)
 
     def check_workers(self, num_workers):
         n = self.dn_delay or num_workers

@@ -4,10 +4,17 @@ Every user mistake ends in one line on stderr, ``stalegrad: error: ...``, and
 exit code 2, before anything is written; a run that fails ends the same way
 with exit code 1. The library raises ``StalegradError`` (with its exit code);
 ``main`` catches it once, and spells a ``ConfigError``'s parameter as its flag.
+
+An interrupt (Ctrl-C) ends a command with one line and exit code 130, except
+once ``train`` has begun writing summary.json: the run is then finished, the
+interrupt is ignored and the command exits 0. Neither does an interrupt during
+the process's exit, after ``main`` has returned, add a traceback to it.
 """
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import warnings
 
 import click
@@ -77,7 +84,21 @@ def _one_line(text: str) -> str:
 
 
 def main(argv=None) -> int:
-    """Entry point: one-line errors, exit 2 for usage errors, 1 for a failed run, 130 when interrupted."""
+    """Entry point: one-line errors, exit 2 for usage errors, 1 for a failed run, 130 when interrupted.
+    ``argv`` None: this process's own command line (the ``stalegrad`` script, ``python -m stalegrad``)."""
+    if threading.current_thread() is not threading.main_thread():   # (no signal handlers there)
+        return _main(argv)
+    interrupt = signal.getsignal(signal.SIGINT)
+    try:
+        return _main(argv)
+    finally:
+        if argv is None:   # the exit code is decided and said: the interpreter's exit (torch's finalisers
+            signal.signal(signal.SIGINT, signal.SIG_IGN)   # run for a while) is not to be interrupted
+        elif interrupt is not None:   # a caller in this process gets its handler back (train's finishing()
+            signal.signal(signal.SIGINT, interrupt)   # took it)
+
+
+def _main(argv) -> int:
     options.WARNED.clear()   # each command prints its deprecation lines once
     try:
         code = cli.main(args=argv, prog_name="stalegrad", standalone_mode=False)

@@ -8,6 +8,7 @@ prints the library's message with the flag in it.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import tomllib
 
@@ -251,8 +252,9 @@ def read_config_table(path: str, is_option=lambda key: False) -> dict:
 NOT_IN_CONFIG = ("config_file", "overwrite", "quiet", "resume")
 
 
-def apply_config_file(ctx: click.Context, params: dict) -> dict:
-    """Fill every option not given on the command line from --config."""
+def apply_config_file(ctx: click.Context, params: dict, origins: dict | None = None) -> dict:
+    """Fill every option not given on the command line from --config; ``origins`` (when given) gets
+    ``{option: (file, key as written)}`` for each option the file gave (``named_in_file``)."""
     path = params.pop("config_file", None)
     if not path:
         return params
@@ -279,7 +281,23 @@ def apply_config_file(ctx: click.Context, params: dict) -> dict:
         except click.BadParameter as e:
             raise UsageError(f"{path}: {key}: {e.message}") from None
         params[name] = value
+        if origins is not None:
+            origins[name] = (path, key)
     return params
+
+
+@contextlib.contextmanager
+def named_in_file(command: click.Command, origins: dict):
+    """A ``ConfigError`` about an option that a --config file gave names the file and its key as written
+    there (``FILE: val_split must be ...``), not the flag that was never typed."""
+    try:
+        yield
+    except ConfigError as e:
+        if e.param not in origins:
+            raise
+        path, key = origins[e.param]
+        text = e.for_cli(lambda p: key if p == e.param else flag_of(command, p))
+        raise UsageError(f"{path}: {text}") from None
 
 
 def build_algorithm(name: str, params: dict):

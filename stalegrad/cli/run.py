@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from ..algorithms import ALGORITHMS
 from ..delays import DEFAULT_DELAY, renamed_delay
 from ..errors import UsageError
-from .options import ALGO_FLAGS, apply_config_file, build_config, build_runtime, run_options
+from .options import ALGO_FLAGS, NOT_IN_CONFIG, apply_config_file, build_config, build_runtime, named_in_file, run_options
 
 
 def load_data(params: dict):
@@ -71,8 +71,8 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
                 board.metric(record)
         try:
             result = train(module, train_set, test_set, runtime=runtime, config=config, progress=progress,
-                           on_start=writer.start, on_eval=on_eval, checkpoint_path=checkpoint_path,
-                           resume=checkpoint_path if resume else None)
+                           on_start=writer.start, on_first_step=writer.commit, on_eval=on_eval,
+                           checkpoint_path=checkpoint_path, resume=checkpoint_path if resume else None)
             writer.finish(result, model_spec)
             if board is not None:
                 board.finish(result)
@@ -112,28 +112,46 @@ def train(ctx, algo, out, resume, **params):
     from ..rundir import RunWriter   # (no torch: the refusals below come before it is imported)
 
     params["algo"] = algo
+    origins: dict = {}   # the options a --config file gave: its errors name the file
     if resume is not None:
         refuse_resume_options(ctx, Path(resume))
         writer = RunWriter(resume, resume=True)   # the output checks of a new run, before config.json is read
         params = resume_params(ctx, Path(resume), params)
         out = resume
     else:
-        params = apply_config_file(ctx, params)
+        params = apply_config_file(ctx, params, origins)
         out = params.pop("out", None) or out     # an `out` key of the TOML file (the flag wins)
         if out is None:
             raise UsageError("--out DIR is required: the directory for the run's results (or --resume DIR)")
         writer = None
-    out = Path(out)
-    algo = params.pop("algo")
+    with named_in_file(ctx.command, origins):
+        res = _train(params, Path(out), writer, resume is not None)
+    click.echo(summary_line(params["algo"], res, Path(out)))
+
+
+def _train(params: dict, out: Path, writer, resume: bool):
+    """``train``'s run, its options resolved."""
+    from ..rundir import RunWriter
+    algo = params["algo"]
+    params = {k: v for k, v in params.items() if k != "algo"}
     check_options(algo, params)   # a bad option fails fast, before the data set is read
     if writer is None:
         writer = RunWriter(out, overwrite=params["overwrite"])   # a run already there is refused here
+    writer.before_summary = finishing   # from summary.json on, the run is finished: exit 0, not interrupted
     # Locked before torch is imported and the data read: a second run on DIR is refused at once.
     with writer:
         train_set, test_set = load_data(params)
-        res = train_one(algo, params, train_set, test_set, out, progress=not params["quiet"],
-                        resume=resume is not None, tensorboard=params.get("tensorboard"), writer=writer)
-    click.echo(summary_line(algo, res, out))
+        return train_one(algo, params, train_set, test_set, out, progress=not params["quiet"], resume=resume,
+                         tensorboard=params.get("tensorboard"), writer=writer)
+
+
+def finishing() -> None:
+    """The run's last write begins: from here it is finished, and an interrupt (Ctrl-C) is ignored until the
+    command ends (main restores the handler; the process exits 0 without a traceback)."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _RESUME_MAY_CHANGE = {"epochs", "data_dir", "quiet", "resume", "algo", "tensorboard"}
@@ -173,6 +191,13 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
     resumed["algo"] = algorithm.pop("name", None)
     if resumed["algo"] not in ALGORITHMS:
         raise UsageError(f"--resume {run_dir}: config.json is damaged (algorithm {resumed['algo']!r})")
+    options = set(params) - set(NOT_IN_CONFIG) - {"algo"}
+    unknown = next((f"algorithm.{k}" for k in algorithm if k not in ALGO_FLAGS), None) \
+        or next((f"runtime.{k}" for k in runtime if k not in options | RECORDED_RUNTIME_KEYS), None) \
+        or next((k for k in cfg if k not in options | RECORDED_KEYS), None)
+    if unknown is not None:   # an edit the run would not follow: refused, never dropped
+        raise UsageError(f"--resume {run_dir}: config.json holds {unknown!r}, which is no option of a run; remove "
+                         "it (the file must be as the run wrote it, but for what --resume may change)")
     resumed.update(algorithm)
     resumed["runtime"] = runtime.pop("name", "sim")
     for key, value in list(runtime.items()) + list(cfg.items()):
@@ -182,6 +207,13 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
             resumed[key] = tuple(value) if isinstance(value, list) else value
     resumed["overwrite"] = False
     return resumed
+
+
+# What config.json records besides the options: the data's sizes, the split's seed, the numerics and probes
+# (train), and what a runtime measures or is given only in Python (RuntimeX.describe()).
+RECORDED_KEYS = {"algorithm", "runtime", "train_samples", "test_samples", "val_samples", "val_split_seed",
+                 "numerics", "probes"}
+RECORDED_RUNTIME_KEYS = {"name", "cores", "start_method", "worker_resources", "shard_resources"}
 
 
 @click.command()
@@ -197,7 +229,8 @@ def compare(ctx, algos, out, **params):
     TE column is the AGN paper's temporal efficiency of test accuracy over
     virtual time against the first algorithm (E > 1: better sooner).
     """
-    params = apply_config_file(ctx, params)
+    origins: dict = {}
+    params = apply_config_file(ctx, params, origins)
     names = [a.strip() for a in algos.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]
     if unknown or not names:
@@ -206,13 +239,15 @@ def compare(ctx, algos, out, **params):
     if params.get("record_trace") is not None:
         raise UsageError("--record-trace records one run: use it with 'stalegrad train'")
     out = Path(out)
-    per_algo = _check_compare(names, params, out)   # every run checked before the first one starts
+    with named_in_file(ctx.command, origins):
+        per_algo = _check_compare(names, params, out)   # every run checked before the first one starts
     from ..metrics import temporal_efficiency
     from ..results import write_json
 
     train_set, test_set = load_data(params)
-    for name, p in per_algo:
-        build_config(name, p).check_data(train_set, test_set)
+    with named_in_file(ctx.command, origins):
+        for name, p in per_algo:
+            build_config(name, p).check_data(train_set, test_set)
     rows, curves = [], {}
     for name, p in per_algo:
         board = params.get("tensorboard")
