@@ -158,11 +158,12 @@ def restore(run, state: dict, path=None) -> dict:
 
 
 def _with_defaults(algorithm: dict) -> dict:
-    """A saved algorithm's parameters, with the defaults of those added since it was saved (the outer
+    """A saved algorithm's parameters, with those added since it was saved: the value its rule had
+    (``algorithms.ADDED``: sasgd's staleness offset, gap-aware's reading), else today's default (the outer
     optimizer of agn, downpour and dynsgd): a checkpoint made before them resumes as it ran."""
-    from .algorithms import ALGORITHMS
+    from .algorithms import ALGORITHMS, as_saved
     cls = ALGORITHMS.get(algorithm.get("name"))
-    return algorithm if cls is None else {**cls().to_dict(), **algorithm}
+    return algorithm if cls is None else {**cls().to_dict(), **as_saved(algorithm["name"], algorithm)}
 
 
 def _short(value) -> str:

@@ -15,9 +15,10 @@ from collections import Counter
 import torch
 from torch import Tensor
 
+from . import server_checks as check
 from .algorithms import Algorithm, fused
 from .config import ON_NONFINITE
-from .errors import ConfigError, RunError
+from .errors import ConfigError, RunError, UsageError
 
 # Element-wise rules (see algorithms.base.elementwise) on vectors of at least
 # CHUNK_ABOVE elements run on the CPU in chunks of CHUNK elements (1 MiB of
@@ -80,11 +81,16 @@ class ParameterServer:
         installed and the weights are float32 on the CPU). ``self.kernels`` says which one runs."""
         if on_nonfinite not in ON_NONFINITE:
             raise ConfigError("on_nonfinite", f"must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise UsageError(f"ParameterServer: num_workers must be an integer >= 1, got {num_workers!r}")
         self.kernels = fused.choose(w0.device.type, w0.dtype == torch.float32, kernels)
         self.algorithm = algorithm
         self.num_workers = num_workers
         self.on_nonfinite = on_nonfinite
-        self.w = w0.detach().clone().contiguous()
+        self.w = w0.detach().clone().contiguous()   # never replaced, only written in place
+        # what every message must match (the boundary checks of pull and push)
+        self._shape, self._dtype, self._device = self.w.shape, self.w.dtype, self.w.device
+        self._on_cpu = self._device.type == "cpu"   # msg.is_cpu is cheaper than comparing devices
         self.version = 0
         self.pulled_version = [0] * num_workers
         self.state = algorithm.server_init(self.w, num_workers)
@@ -98,7 +104,12 @@ class ParameterServer:
     # ---- the two calls every runtime makes ---------------------------------
     def pull(self, worker: int, out: Tensor | None = None) -> Tensor:
         """The weights ``worker`` computes at, copied into ``out`` if given: the current weights, or
-        what the algorithm's ``on_pull`` sends instead."""
+        what the algorithm's ``on_pull`` sends instead. A worker id outside 0..M-1, or an ``out`` not
+        shaped like the weights, is a UsageError (nothing changes)."""
+        if worker.__class__ is not int or not 0 <= worker < self.num_workers:
+            worker = check.worker_id(worker, self.num_workers, "ParameterServer.pull")
+        if out is not None and not (isinstance(out, Tensor) and out.shape == self._shape):
+            check.message(out, self.w, "ParameterServer.pull", "out")
         self.pulled_version[worker] = self.version
         sent = self.algorithm.on_pull(self.state, worker, self.w)   # DANA sends a look-ahead, not w
         sent = self.w if sent is None else sent
@@ -108,13 +119,15 @@ class ParameterServer:
         """Apply (or, for synchronous algorithms, buffer) one message.
 
         Returns True when the weights changed. A message or an update with a
-        NaN/Inf is never applied: it is counted, or raises NonFiniteError.
+        NaN/Inf is never applied: it is counted, or raises NonFiniteError. A wrong
+        call (``prepare``'s checks) is a UsageError, and nothing changes.
         """
         self.prepare(worker, msg, lr)
         return self.commit()
 
     def remove_worker(self, worker: int, lr: float = 0.0) -> bool:
-        """A worker is gone: synchronous rounds stop waiting for it (which may close one)."""
+        """A worker is gone: synchronous rounds stop waiting for it (which may close one). A worker id
+        outside 0..M-1 is a UsageError."""
         self.prepare_removal(worker, lr)
         return self.commit()
 
@@ -127,7 +140,16 @@ class ParameterServer:
         """Phase one of ``push``: returns (pending, finite), whether an update now waits for
         ``commit`` (not when a synchronous round stays open, or the message was dropped as
         non-finite) and whether it is finite. ``message_finite`` is the whole message's
-        finiteness, given by whoever saw all of it (a shard sees only its slice)."""
+        finiteness, given by whoever saw all of it (a shard sees only its slice).
+
+        The boundary, checked on every call before anything changes, in both kernel paths (a few
+        comparisons; ``server_checks`` says what is wrong): ``worker`` in 0..M-1, ``lr`` a finite
+        float > 0, ``msg`` a tensor of the weights' shape, dtype and device. A wrong call is a
+        one-line UsageError, never a write past the weights or a partial update counted as a version."""
+        if not (worker.__class__ is int and 0 <= worker < self.num_workers and lr.__class__ is float
+                and 0.0 < lr < math.inf and msg.__class__ is Tensor and msg.shape == self._shape
+                and msg.dtype is self._dtype and (msg.is_cpu if self._on_cpu else msg.device == self._device)):
+            worker, lr = check.push(worker, msg, lr, self.w, self.num_workers, "ParameterServer.push")
         self._pending = None
         tau = self.version - self.pulled_version[worker]
         span = self._extremes(msg)
@@ -152,6 +174,7 @@ class ParameterServer:
 
     def prepare_removal(self, worker: int, lr: float = 0.0) -> tuple[bool, bool]:
         """Phase one of ``remove_worker``: (pending, finite) as ``prepare``."""
+        worker = check.worker_id(worker, self.num_workers, "ParameterServer.remove_worker")
         self._pending = None
         self.live.discard(worker)
         self.round.pop(worker, None)

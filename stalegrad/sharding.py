@@ -32,9 +32,12 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import math
+
 import torch
 from torch import Tensor
 
+from . import server_checks as check
 from .server import ParameterServer, StalenessLog
 
 # call(method, per-shard argument tuples) -> per-shard results
@@ -95,10 +98,18 @@ class ShardedServer:
 
     It mirrors the bookkeeping (version, pulled versions, staleness log) that
     every shard also keeps, so that a runtime knows tau without asking.
+
+    It checks each call before any shard sees it (``server_checks``: the worker id,
+    the rate, one slice per shard, and with ``sizes``, the shards' lengths, each
+    tensor slice's length), so that a wrong call leaves every shard as it was; each
+    shard checks its own slice's dtype and device too.
     """
 
-    def __init__(self, call: Call, shards: int, num_workers: int, synchronous: bool):
+    def __init__(self, call: Call, shards: int, num_workers: int, synchronous: bool,
+                 sizes: Sequence[int] | None = None):
         self.call, self.shards, self.synchronous = call, shards, synchronous
+        self.num_workers = num_workers
+        self.sizes = None if sizes is None else tuple(sizes)
         self.version = 0
         self.pulled_version = [0] * num_workers
         self.live = set(range(num_workers))
@@ -107,11 +118,18 @@ class ShardedServer:
 
     def pull(self, worker: int) -> list:
         """Every shard's slice of the weights for ``worker`` (what ``call`` returns: tensors or references)."""
+        if worker.__class__ is not int or not 0 <= worker < self.num_workers:
+            worker = check.worker_id(worker, self.num_workers, "ShardedServer.pull")
         self.pulled_version[worker] = self.version
         return self.call("pull", [(worker,)] * self.shards)
 
     def push(self, worker: int, slices: Sequence, lr: float, message_finite: bool) -> bool:
         """Apply one message given as its K slices; True when the weights changed."""
+        if not (worker.__class__ is int and 0 <= worker < self.num_workers and lr.__class__ is float
+                and 0.0 < lr < math.inf):
+            worker = check.worker_id(worker, self.num_workers, "ShardedServer.push")
+            lr = check.learning_rate(lr, "ShardedServer.push")
+        check.slices(slices, self.shards, self.sizes, "ShardedServer.push")
         tau = self.version - self.pulled_version[worker]
         results = self.call("prepare", [(worker, s, lr, message_finite) for s in slices])
         if self.synchronous:
@@ -119,6 +137,7 @@ class ShardedServer:
         return self._commit(results, [(worker, tau)])
 
     def remove_worker(self, worker: int, lr: float = 0.0) -> bool:
+        worker = check.worker_id(worker, self.num_workers, "ShardedServer.remove_worker")
         self.live.discard(worker)
         self.round.pop(worker, None)
         return self._commit(self.call("prepare_removal", [(worker, lr)] * self.shards), [])

@@ -11,6 +11,11 @@ from stalegrad.algorithms import local_opt
 from stalegrad.server import NonFiniteError, ParameterServer
 
 
+# Both server paths: the rules' torch operators, and their fused kernels where numba is installed
+KERNELS = ["torch", pytest.param("numba", marks=pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="the fused kernels need numba"))]
+
+
 def t(*xs):
     return torch.tensor(xs, dtype=torch.float32)
 
@@ -316,25 +321,105 @@ def test_unknown_algorithm_lists_choices():
 
 
 # ---------------------------------------------------------------- rules after 2017
-def test_sasgd_divides_the_learning_rate_by_the_staleness_counting_the_update_itself():
-    server = ParameterServer(make_algorithm("sasgd"), t(0.0), 3)
-    for m in range(3):
-        server.pull(m)
-    for m in range(3):
-        server.push(m, t(6.0), lr=1.0)   # tau 0, 1, 2: steps 6/1, 6/2, 6/3
-    assert torch.allclose(server.w, t(-11.0))
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_sasgd_divides_the_learning_rate_by_the_staleness_as_the_paper_counts_it(kernels):
+    # Zhang et al.: tau = i - j, alpha0/tau, and a gradient of staleness 0 (hardsync) keeps alpha0
+    for params, expected in (({}, -6.0 - 6.0 - 3.0), ({"staleness_offset": 1}, -6.0 - 3.0 - 2.0)):
+        for momentum in (0.0, 0.5):   # with momentum: the fused kernel (its scale), 0 before the pushes
+            server = ParameterServer(make_algorithm("sasgd", momentum=momentum, **params), t(0.0), 3, kernels=kernels)
+            for m in range(3):
+                server.pull(m)
+            for m in range(3):
+                server.push(m, t(6.0), lr=1.0)   # tau 0, 1, 2: steps 6/1, 6/1, 6/2 (offset 1: 6/1, 6/2, 6/3)
+            if not momentum:
+                assert torch.allclose(server.w, t(expected))
+            assert list(server.staleness.taus) == [0, 1, 2]
 
 
-def test_gap_aware_by_hand():
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_sasgd_at_two_workers_in_turns_keeps_the_papers_rate(kernels):
+    """M = 2 in turns: every gradient after the first has tau = 1, where alpha0/tau is alpha0 itself (the
+    rule before issue 32, lr/(tau+1), halved it: kept as staleness_offset = 1)."""
+    lr, gs = 0.1, [t(1.0, -2.0), t(0.5, 3.0), t(-1.0, 1.0), t(2.0, 0.25), t(-0.5, -1.5), t(1.5, 0.5)]
+    for offset in (0, 1):
+        server = ParameterServer(make_algorithm("sasgd", staleness_offset=offset, weight_decay=0.1), t(1.0, 1.0), 2,
+                                 kernels=kernels)
+        server.pull(0), server.pull(1)
+        w = [1.0, 1.0]                              # float64, from the paper: w <- w - alpha0/tau * (g + wd*w)
+        for k, g in enumerate(gs):
+            m = k % 2
+            tau = server.version - server.pulled_version[m]
+            assert tau == (0 if k == 0 else 1)
+            rate = lr / max(tau + offset, 1)
+            w = [wi - rate * (float(gi) + 0.1 * wi) for wi, gi in zip(w, g)]
+            server.push(m, g, lr)
+            server.pull(m)
+        assert server.staleness.taus.tolist() == [0, 1, 1, 1, 1, 1]
+        assert torch.allclose(server.w.double(), torch.tensor(w, dtype=torch.float64), atol=1e-6)
+        if offset == 0:   # the paper's: sgd's step, the same as asgd's on this schedule
+            asgd = ParameterServer(make_algorithm("asgd", weight_decay=0.1), t(1.0, 1.0), 2, kernels=kernels)
+            asgd.pull(0), asgd.pull(1)
+            for k, g in enumerate(gs):
+                asgd.push(k % 2, g, lr)
+                asgd.pull(k % 2)
+            assert torch.allclose(server.w, asgd.w, atol=1e-7)
+        else:
+            assert not torch.allclose(server.w.double(), torch.tensor(paper, dtype=torch.float64), atol=1e-3)
+        paper = w
+
+
+def test_sasgd_staleness_offset_is_0_or_1():
+    with pytest.raises(ValueError, match=r"sasgd: staleness_offset must be 0 .* or 1 .*got 2"):
+        make_algorithm("sasgd", staleness_offset=2)
+    with pytest.raises(ValueError, match="staleness_offset"):
+        make_algorithm("sasgd", staleness_offset=True)
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_gap_aware_by_hand(kernels):
     lr, beta, eps = 0.1, 0.5, 1e-8
-    server = ParameterServer(make_algorithm("gap-aware", ga_beta=beta, ga_eps=eps), t(0.0, 0.0), 2)
+    # the authors' reading (default): v from the raw g^2 before the step, bias-corrected over k+1 updates
+    server = ParameterServer(make_algorithm("gap-aware", ga_beta=beta, ga_eps=eps), t(0.0, 0.0), 2, kernels=kernels)
     server.pull(0), server.pull(1)
     server.push(0, t(2.0, 1.0), lr)          # first update: nothing moved, G = 1
     assert torch.allclose(server.w, t(-0.2, -0.1))
     server.push(1, t(4.0, 4.0), lr)          # worker 1 pulled [0, 0]: gap [0.2, 0.1]
+    # v = 0.25*[4, 1] + 0.5*[16, 16] = [9, 8.25], bias 1 - 0.25 = 0.75: sqrt(v_hat) = [sqrt(12), sqrt(11)];
+    # C = 0.1*sqrt(v_hat); G = 1 + gap/C
+    g_ = [1 + 0.2 / (0.1 * math.sqrt(12.0)), 1 + 0.1 / (0.1 * math.sqrt(11.0))]
+    assert torch.allclose(server.w, t(-0.2 - 0.1 * 4.0 / g_[0], -0.1 - 0.1 * 4.0 / g_[1]), atol=1e-6)
+    assert server.state["updates"] == 2 and server.state["lr_max"] == lr
+    # the applied-step reading: v from the step after it, k updates in the bias correction
+    server = ParameterServer(make_algorithm("gap-aware", ga_beta=beta, ga_eps=eps, ga_reading="applied-step"),
+                             t(0.0, 0.0), 2, kernels=kernels)
+    server.pull(0), server.pull(1)
+    server.push(0, t(2.0, 1.0), lr)
+    assert torch.allclose(server.w, t(-0.2, -0.1))
+    server.push(1, t(4.0, 4.0), lr)
     # v = (1-beta)*[4, 1], bias-corrected [4, 1]: C = 0.1*[2, 1] (+eps); G = 1 + gap/C = [2, 2]
     assert torch.allclose(server.w, t(-0.2 - 0.1 * 4.0 / 2, -0.1 - 0.1 * 4.0 / 2), atol=1e-6)
     assert server.state["updates"] == 2 and server.state["lr_max"] == lr
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_gap_aware_penalises_weight_decay_as_its_authors_do(kernels):
+    """The authors' code divides the weight decay term by the Gap too (its ``p.grad += p*wd*(1-G)/G``
+    before torch's SGD adds wd*p); the applied-step reading adds it after the penalty."""
+    lr, wd, beta = 0.1, 0.5, 0.5
+    for reading in ("authors", "applied-step"):
+        algo = make_algorithm("gap-aware", ga_beta=beta, weight_decay=wd, ga_reading=reading)
+        server = ParameterServer(algo, t(1.0), 2, kernels=kernels)
+        server.pull(0), server.pull(1)
+        server.push(0, t(2.0), lr)           # G = 1: w = 1 - 0.1*(2 + 0.5) = 0.75
+        assert torch.allclose(server.w, t(0.75))
+        server.push(1, t(2.0), lr)           # worker 1's gap: 0.25
+        if reading == "authors":             # v = 0.5*(0.5*4) + 0.5*4 = 3 (raw g^2), bias 0.75: C = 0.1*sqrt(4)
+            gap = 1 + 0.25 / (0.1 * math.sqrt(3.0 / 0.75))
+            expected = 0.75 - lr * (2.0 + wd * 0.75) / gap
+        else:                                # v = 0.5*2.5^2 (the step), bias 0.5: C = 0.1*2.5
+            gap = 1 + 0.25 / (0.1 * 2.5)
+            expected = 0.75 - lr * (2.0 / gap + wd * 0.75)
+        assert torch.allclose(server.w, t(expected), atol=1e-6), reading
 
 
 def test_dana_pull_sends_the_look_ahead_and_the_push_moves_only_the_senders_momentum():
@@ -422,9 +507,25 @@ def reference_server(name, algo, w, M):
 
     def push(m, g, tau, lr):
         w = st["w"]
-        if name == "sasgd":
-            st["w"] = w - lr / (tau + 1) * g
-        elif name == "gap-aware":
+        if name == "sasgd":                      # Zhang et al.: alpha0/tau for tau >= 1, alpha0 at tau = 0
+            tau_counted = tau + algo.staleness_offset   # (offset 1: the lr/(tau+1) variant)
+            scale = 1 / tau_counted if tau_counted >= 1 else 1.0
+            d = scale * (g + algo.weight_decay * w)     # this gradient's term, then torch's heavy ball
+            st["buf"] = algo.momentum * st["buf"] + d
+            st["w"] = w - lr * (st["buf"] if algo.momentum else d)
+        elif name == "gap-aware" and algo.ga_reading == "authors":
+            # FTPipe's GapAware: update_running_avg (raw g^2; with momentum the buffer before this step),
+            # step_count += 1, C = max_lr*(sqrt(v/(1 - beta^step_count)) + eps), penalty = 1 + gap/C on the
+            # gradient and on the weight decay, then torch's SGD
+            st["lr_max"] = max(st["lr_max"], lr)
+            k, b = st["k"] + 1, algo.ga_beta
+            x = st["buf"] if algo.momentum else g
+            st["sq"], st["k"] = b * st["sq"] + (1 - b) * x * x, k
+            gap = 1 + np.abs(w - st["bak"][m]) / (st["lr_max"] * (np.sqrt(st["sq"] / (1 - b ** k)) + algo.ga_eps))
+            d = (g + algo.weight_decay * w) / gap
+            st["buf"] = algo.momentum * st["buf"] + d
+            st["w"] = w - lr * (st["buf"] if algo.momentum else d)
+        elif name == "gap-aware":                # the applied-step reading: the average of the step, after it
             st["lr_max"] = max(st["lr_max"], lr)
             k, b = st["k"], algo.ga_beta
             gap = 1 + np.abs(w - st["bak"][m]) / (st["lr_max"] * (np.sqrt(st["sq"] / (1 - b ** k)) + algo.ga_eps)) \
@@ -453,7 +554,10 @@ def reference_server(name, algo, w, M):
 
 
 @pytest.mark.parametrize("name,params", [
-    ("sasgd", {}), ("gap-aware", {}), ("gap-aware", {"momentum": 0.9, "weight_decay": 0.01, "ga_beta": 0.9}),
+    ("sasgd", {}), ("sasgd", {"staleness_offset": 1}), ("sasgd", {"momentum": 0.5, "weight_decay": 0.01}),
+    ("gap-aware", {}), ("gap-aware", {"momentum": 0.9, "weight_decay": 0.01, "ga_beta": 0.9}),
+    ("gap-aware", {"ga_reading": "applied-step"}),
+    ("gap-aware", {"ga_reading": "applied-step", "momentum": 0.9, "weight_decay": 0.01, "ga_beta": 0.9}),
     ("dana-zero", {}), ("dana-dc", {"lam": 0.5}), ("async-local-sgd", {}), ("async-local-sgd", {"dn_c": 0.2}),
 ])
 @pytest.mark.parametrize("kernels", ["torch", pytest.param("numba", marks=pytest.mark.skipif(

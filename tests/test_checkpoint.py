@@ -202,3 +202,31 @@ def test_a_checkpoint_saved_before_the_outer_optimizer_resumes(tmp_path, monkeyp
         sg.train(bn_model(), TRAIN, TEST, sg.make_algorithm("agn", window=2, outer_opt="nesterov"), 3,
                  Simulator(delay="round-robin"), epochs=2, batch_size=8, seed=5, checkpoint_every=7,
                  checkpoint_path=tmp_path / "x.pt", resume=tmp_path / "old.pt")
+
+
+@pytest.mark.parametrize("algo, added, old_value, flag", [("sasgd", "staleness_offset", 1, "--staleness-offset"),
+                                                           ("gap-aware", "ga_reading", "applied-step", "--ga-reading")])
+def test_a_run_saved_before_a_parameter_existed_resumes_with_the_rule_it_ran(tmp_path, algo, added, old_value, flag):
+    """sasgd's staleness offset and gap-aware's reading were added (issue 32) with new defaults: a run saved
+    before them, whose config.json and checkpoint lack the key, resumes with the rule it ran (the old value),
+    not today's default, and ends as a never-stopped run of the old rule."""
+    import json
+
+    import torch
+
+    from stalegrad.cli import main
+    base = ["train", "--algo", algo, "--workers", "2", "--dataset", "digits", "--model", "logreg", "--quiet",
+            "--lr", "0.05"]
+    old, whole = tmp_path / "old", tmp_path / "whole"
+    assert main(base + [flag, str(old_value), "--epochs", "1", "--checkpoint-every", "5", "--out", str(old)]) == 0
+    assert main(base + [flag, str(old_value), "--epochs", "2", "--out", str(whole)]) == 0
+    cfg = json.loads((old / "config.json").read_text())     # as a run made before the parameter existed
+    del cfg["algorithm"][added]
+    (old / "config.json").write_text(json.dumps(cfg))
+    state = torch.load(old / "checkpoint.pt", weights_only=False)
+    del state["fingerprint"]["algorithm"][added]
+    torch.save(state, old / "checkpoint.pt")
+    assert main(["train", "--resume", str(old), "--epochs", "2", "--quiet"]) == 0
+    assert json.loads((old / "config.json").read_text())["algorithm"][added] == old_value
+    sha = [json.loads((d / "summary.json").read_text())["weights_sha256"] for d in (old, whole)]
+    assert sha[0] == sha[1]

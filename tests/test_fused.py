@@ -43,8 +43,12 @@ EXACT_AFTER_2017 = [("sasgd", {"momentum": 0.9}), ("sasgd", {"weight_decay": 1e-
                     ("sasgd", {"momentum": 0.5, "weight_decay": 0.01}), ("dana-zero", {}),
                     ("dana-zero", {"momentum": 0.5, "weight_decay": 1e-3}), ("dana-dc", {}),
                     ("dana-dc", {"lam": 0.5, "momentum": 0.8, "weight_decay": 1e-3})]
-# gap-aware takes a square root (IEEE's here, MKL's in torch): its own tests below
-GAP_AWARE = [("gap-aware", {}), ("gap-aware", {"momentum": 0.9, "weight_decay": 1e-3, "ga_beta": 0.9})]
+# sasgd's lr/(tau+1) variant (the default divides by tau, 1 at tau = 0)
+SASGD_OFFSET = [("sasgd", {"momentum": 0.9, "staleness_offset": 1}), ("sasgd", {"weight_decay": 1e-3, "staleness_offset": 1})]
+# gap-aware takes a square root (IEEE's here, MKL's in torch): its own tests below; both readings of C
+GAP_AWARE = [("gap-aware", {}), ("gap-aware", {"momentum": 0.9, "weight_decay": 1e-3, "ga_beta": 0.9}),
+             ("gap-aware", {"ga_reading": "applied-step"}),
+             ("gap-aware", {"ga_reading": "applied-step", "momentum": 0.9, "weight_decay": 1e-3, "ga_beta": 0.9})]
 # async-local-sgd's delayed nesterov: N = the 3 workers of ``play`` or 2, c = 0 (the paper's), 0.2, 1/N, outer lr 1
 LOCAL_SGD = [("async-local-sgd", {}), ("async-local-sgd", {"dn_c": 0.2}),
              ("async-local-sgd", {"dn_delay": 2, "dn_c": 0.5}),
@@ -100,7 +104,7 @@ def kernel_kind(request, monkeypatch):
         yield request.param
 
 
-@pytest.mark.parametrize("name,params", EXACT + EXACT_AFTER_2017 + LOCAL_SGD)
+@pytest.mark.parametrize("name,params", EXACT + EXACT_AFTER_2017 + SASGD_OFFSET + LOCAL_SGD)
 @pytest.mark.parametrize("n", [1, 7, 1000])
 def test_fused_gives_the_torch_paths_bits(name, params, n, kernel_kind):
     torch_path, numba_path = play(name, params, "torch", n), play(name, params, "numba", n)
@@ -119,7 +123,7 @@ def test_the_rules_after_2017_take_their_fused_kernel(name, params, monkeypatch)
     server = ParameterServer(algo, torch.randn(100), 2, kernels="numba")
     server.pull(0)
     assert server.push(0, torch.randn(100), 0.1) and calls == []
-    # sasgd without momentum or weight decay keeps its one-pass torch path, w.add_(g, alpha=-lr/(tau+1))
+    # sasgd without momentum or weight decay keeps its one-pass torch path, w.add_(g, alpha=-lr/max(tau, 1))
     assert make_algorithm("sasgd").fused_apply({}, None, 0, None, 0, 0.1, None) is None
     # async-local-sgd's outer sgd and nesterov stay on agn's torch operators
     for outer in ("sgd", "nesterov"):
@@ -188,6 +192,19 @@ def gap_aware_replay(params, n, sqrt, *, M=3, pushes=12, seed=0, lr=0.1):
         m = (k * 7) % M
         g = (torch.randn(n, generator=g_) * 2).numpy()
         lr_max = max(lr_max, lr)
+        if algo.ga_reading == "authors":   # the average first (of g, or the buffer), k+1 in the bias
+            x = buf if mom else g
+            v = _fma32(f(1 - beta) * x, x, v * f(beta))
+            c = (sqrt(v / f(1 - beta ** (k + 1))) + f(eps)) * f(lr_max)
+            d = _fma32(w, np.full(n, f(wd)), g) if wd else g
+            d = d / (np.abs(w - bak[m]) / c + f(1))
+            if mom:
+                buf = buf * f(mom) + d
+                d = buf
+            w = _fma32(d, np.full(n, f(-lr)), w)
+            if k % 2:
+                bak[m] = w.copy()
+            continue
         if k:
             c = (sqrt(v / f(1 - beta ** k)) + f(eps)) * f(lr_max)
             d = g / (np.abs(w - bak[m]) / c + f(1))
@@ -230,7 +247,7 @@ def test_gap_aware_differs_from_the_torch_path_only_by_its_square_root(name, par
 
 
 # async-local-sgd at outer lr 10: its step is c/N (+ the momentum), not lr times anything, so 3e38 overflows s*step
-NONFINITE_RULES = EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[4:5] + EXACT_AFTER_2017[6:] + GAP_AWARE[1:] + \
+NONFINITE_RULES = EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[4:5] + EXACT_AFTER_2017[6:] + GAP_AWARE[1::2] + \
     [("async-local-sgd", {"outer_lr": 10.0, "dn_c": 0.2})]
 
 
@@ -265,7 +282,7 @@ def test_after_2017_a_non_finite_update_is_not_applied(name, params, kind, kerne
     assert torch.equal(servers[0].w, servers[1].w)
 
 
-@pytest.mark.parametrize("name,params", EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[6:] + GAP_AWARE[1:] + LOCAL_SGD[1:2])
+@pytest.mark.parametrize("name,params", EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[6:] + GAP_AWARE[1::2] + LOCAL_SGD[1:2])
 def test_after_2017_beyond_the_chunk_and_parallel_thresholds(name, params, monkeypatch):
     """Vectors above CHUNK_ABOVE (the torch path runs sasgd in chunks) and PARALLEL_ABOVE (the parallel
     kernel, on two threads): the torch path's bits (gap-aware: the serial kernel's bits)."""

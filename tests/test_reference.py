@@ -128,14 +128,14 @@ def test_round_robin_staleness_and_gap_rules_match_the_reference():
         for k in range(res.summary["updates"]):
             m = k % M
             g = grad(bak[m], streams[m].next().numpy())
-            if name == "sasgd":                  # Zhang et al.: lr / staleness, the update itself counted
-                w = w - lr / ((k - pulled_at[m]) + 1) * g
-            else:                                # Barkai et al.: g / Gap, Gap in units of the mean step
-                lr_max = max(lr_max, lr)
-                gap = 1 + np.abs(w - bak[m]) / (lr_max * (np.sqrt(sq / (1 - beta ** k)) + eps)) if k else 1.0
-                d = g / gap
-                w = w - lr * d
-                sq = beta * sq + (1 - beta) * d * d
+            if name == "sasgd":                  # Zhang et al.: tau = i - j, alpha0/tau (alpha0 at tau = 0)
+                tau = k - pulled_at[m]
+                w = w - (lr / tau if tau >= 1 else lr) * g
+            else:                                # Barkai et al., as their group's GapAware computes it: the
+                lr_max = max(lr_max, lr)         # average of g^2 first, k+1 in the bias, then g / Gap
+                sq = beta * sq + (1 - beta) * g * g
+                gap = 1 + np.abs(w - bak[m]) / (lr_max * (np.sqrt(sq / (1 - beta ** (k + 1))) + eps))
+                w = w - lr * g / gap
             bak[m], pulled_at[m] = w.copy(), k + 1
         np.testing.assert_allclose(res.weights.double().numpy(), w, rtol=1e-4, atol=1e-5)
 

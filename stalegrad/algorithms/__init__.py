@@ -26,6 +26,17 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 RENAMED = {(CommitAlgorithm, "weight_decay"): "local_weight_decay"}
 
 
+# Parameters added since a run may have been saved, with the value that reproduces the rule such a run ran:
+# (algorithm, parameter) -> value. A resume fills an absent one with this, not with today's default.
+ADDED = {("sasgd", "staleness_offset"): 1,            # lr/(tau+1) until issue 32 followed the paper's lr/tau
+         ("gap-aware", "ga_reading"): "applied-step"}  # C from the applied step until the authors' reading
+
+
+def as_saved(name: str, params: dict) -> dict:
+    """``params`` saved for algorithm ``name``, with every parameter added since filled as the saved run ran."""
+    return {**{key: value for (algo, key), value in ADDED.items() if algo == name and key not in params}, **params}
+
+
 def renamed(cls: type[Algorithm], key: str) -> str | None:
     """The new name of ``key`` if it is a deprecated spelling of one of ``cls``'s parameters."""
     return next((new for (base, old), new in RENAMED.items() if old == key and issubclass(cls, base)), None)

@@ -162,6 +162,22 @@ def _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap):
 
 
 @njit(**_INLINE)
+def _gap_aware_grad(i, g, w, w_bak, v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd, use_mom):
+    # Gap-Aware as its authors' code reads it (ga_reading "authors"): the running average first, from x = g
+    # (with momentum: the buffer the previous step left), v.mul_(beta).addcmul_(x, x, value=rate) =
+    # fma(rate*x, x, v*beta); C = torch.sqrt(v / bias).add_(eps).mul_(lr_max); G = torch.sub(w, w_bak).abs_()
+    # .div_(C).add_(1); the weight decay penalised too: torch.add(g, w, alpha=wd) = fma(w, wd, g), .div_(G).
+    gi = g[i]
+    x = mom_buf[i] if use_mom else gi
+    vi = _fma(rate * x, x, v[i] * beta)
+    v[i] = vi
+    c = (_sqrt(vi / bias) + eps) * lr_max
+    wi = w[i]
+    d = _fma(wi, wd, gi) if use_wd else gi
+    return d / (abs(wi - w_bak[i]) / c + one)
+
+
+@njit(**_INLINE)
 def _apply_tracked(d, i, w, mom_buf, v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit):
     """_apply, and the running average of the step's square: v.mul_(beta).addcmul_(d, d, value=rate)
     = fma(rate*d, d, v*beta), d the direction after weight decay and momentum."""
@@ -229,6 +245,26 @@ def gap_aware_parallel(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, use
     for i in prange(g.size):
         d = _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap)
         bad += _apply_tracked(d, i, w, mom_buf, v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
+    return bad
+
+
+@njit(**_SERIAL)
+def gap_aware_grad(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, beta, rate, wd, mom, use_wd, use_mom, s,
+                   limit):
+    bad = 0
+    for i in range(g.size):
+        d = _gap_aware_grad(i, g, w, w_bak, v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd, use_mom)
+        bad += _apply(d, i, w, mom_buf, old, wd, mom, False, use_mom, s, limit)
+    return bad
+
+
+@njit(**_PARALLEL)
+def gap_aware_grad_parallel(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, beta, rate, wd, mom, use_wd,
+                            use_mom, s, limit):
+    bad = 0
+    for i in prange(g.size):
+        d = _gap_aware_grad(i, g, w, w_bak, v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd, use_mom)
+        bad += _apply(d, i, w, mom_buf, old, wd, mom, False, use_mom, s, limit)
     return bad
 
 
@@ -314,6 +350,7 @@ def warm() -> dict:
     kernels = {"sgd": (sgd, sgd_parallel), "dcasgd_c": (dcasgd_c, dcasgd_c_parallel),
                "dcasgd_a": (dcasgd_a, dcasgd_a_parallel), "max_abs_bits": (max_abs_bits, max_abs_bits_parallel),
                "sasgd": (sasgd, sasgd_parallel), "gap_aware": (gap_aware, gap_aware_parallel),
+               "gap_aware_grad": (gap_aware_grad, gap_aware_grad_parallel),
                "dana": (dana, dana_parallel), "local_sgd": (local_sgd, local_sgd_parallel)}
     for k in kernels["sgd"]:
         k(v, v.copy(), v.copy(), v.copy(), f, f, t, t, f, f)
@@ -325,6 +362,8 @@ def warm() -> dict:
         k(v, v.copy(), v.copy(), v.copy(), f, f, f, t, t, f, f)
     for k in kernels["gap_aware"]:
         k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, f, f, f, t, f, f, f, f, t, t, f, f)
+    for k in kernels["gap_aware_grad"]:
+        k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, f, f, f, f, f, f, f, t, t, f, f)
     for k in kernels["dana"]:
         k(v, v.copy(), v, v.copy(), v.copy(), v.copy(), f, t, f, f, t, f, f)
     for k in kernels["local_sgd"]:

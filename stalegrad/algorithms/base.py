@@ -227,6 +227,10 @@ class GradientAlgorithm(Algorithm):
         """
         if self.weight_decay:
             direction = torch.add(direction, w, alpha=self.weight_decay, out=out)
+        return self.heavy_ball(state, direction, lr)
+
+    def heavy_ball(self, state: dict, direction: Tensor, lr: float) -> tuple[Tensor, float]:
+        """The step -lr * (b <- momentum*b + direction), as (b, -lr); (direction, -lr) without momentum."""
         if self.momentum:
             buf = state["momentum_buffer"]
             buf.mul_(self.momentum).add_(direction)

@@ -184,11 +184,19 @@ def sasgd_apply(g, w, momentum_buffer, old, *, scale: float, weight_decay: float
 
 
 def gap_aware_apply(g, w, w_bak, step_square, momentum_buffer, old, *, updates: int, lr_max: float, beta: float,
-                    eps: float, weight_decay: float, momentum: float, s: float) -> bool:
-    """d = sgd_step(g / G) (G = 1 + |w - w_bak| / (lr_max*(sqrt(v/(1 - beta^updates)) + eps)), 1 when
-    ``updates`` is 0), then v <- beta*v + (1-beta)*d*d and w += s*d; as ``sgd_apply``."""
+                    eps: float, weight_decay: float, momentum: float, s: float, authors: bool = True) -> bool:
+    """Gap-Aware's update, ``updates`` the updates before this one; as ``sgd_apply``. ``authors`` (the
+    authors' code): v <- beta*v + (1-beta)*x*x (x = g, or with momentum the buffer before this step), G = 1 +
+    |w - w_bak| / (lr_max*(sqrt(v/(1 - beta^(updates+1))) + eps)), d = momentum step of (g + wd*w)/G.
+    Otherwise (the applied step): d = sgd_step(g / G) with v/(1 - beta^updates) in G (G = 1 when ``updates``
+    is 0), then v <- beta*v + (1-beta)*d*d. Both then w += s*d."""
     (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
     f = np.float32
+    if authors:
+        wd, mom, use_wd, use_mom, s32, limit = scalars
+        return _kernel("gap_aware_grad", g.numel())(g.numpy(), w_, w_bak.numpy(), step_square.numpy(), buf, old_,
+                                                    f(1 - beta ** (updates + 1)), f(eps), f(lr_max), f(1), f(beta),
+                                                    f(1 - beta), wd, mom, use_wd, use_mom, s32, limit) == 0
     bias = f(1 - beta ** updates) if updates else f(1)
     return _kernel("gap_aware", g.numel())(g.numpy(), w_, w_bak.numpy(), step_square.numpy(), buf, old_, bias,
                                            f(eps), f(lr_max), f(1), bool(updates), f(beta), f(1 - beta),

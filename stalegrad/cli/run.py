@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, as_saved
 from ..delays import DEFAULT_DELAY, renamed_delay
 from ..errors import UsageError
 from .options import ALGO_FLAGS, NOT_IN_CONFIG, apply_config_file, build_config, build_runtime, named_in_file, run_options
@@ -198,7 +198,7 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
     if unknown is not None:   # an edit the run would not follow: refused, never dropped
         raise UsageError(f"--resume {run_dir}: config.json holds {unknown!r}, which is no option of a run; remove "
                          "it (the file must be as the run wrote it, but for what --resume may change)")
-    resumed.update(algorithm)
+    resumed.update(as_saved(resumed["algo"], algorithm))   # a parameter added since: as the run ran
     resumed["runtime"] = runtime.pop("name", "sim")
     for key, value in list(runtime.items()) + list(cfg.items()):
         if key in resumed and key not in ("algorithm", "runtime"):
