@@ -268,6 +268,23 @@ def closure(plan: dict, extra: dict, runs: dict) -> list[str]:
     return [f"{spec['text']}: {shown}; {len(seeds)} seeds)."]
 
 
+def selections(runs: dict) -> list[str]:
+    """The rate each two-stage grid selected on its selection seeds: the one its reporting-seed runs have."""
+    out = ["| grid | algorithm | workers | selected lr (of the rates run on the selection seeds) |", "|---|---|---|---|"]
+    for grid, rs in sorted(runs.items()):
+        report = {}
+        for r in rs:
+            key = (r["settings"]["algo"], r["settings"].get("workers"))
+            side = "report" if r["settings"]["seed"] >= 100 else "select"
+            report.setdefault(key, {"report": set(), "select": set()})[side].add(r["settings"]["lr"])
+        for (algo, workers), lrs in sorted(report.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            if lrs["select"] and lrs["report"]:
+                chosen = ", ".join(f"{lr:g}" for lr in sorted(lrs["report"]))
+                among = ", ".join(f"{lr:g}" for lr in sorted(lrs["select"]))
+                out.append(f"| {grid} | {algo} | {workers} | {chosen} (of {among}) |")
+    return out
+
+
 def machine(runs: dict) -> list[str]:
     out = ["| grid | runs | CPU | run time, hours (one thread each) |", "|---|---|---|---|"]
     for grid, rs in sorted(runs.items()):
@@ -301,6 +318,9 @@ def render(root: Path) -> str:
         "thesis's figures are its validation accuracy (the MNIST test set), one run each.", "",
         *cells, "", *agreement(agree), "",
         "## Descriptive rows", "", *describe(plan, extra, runs), "", *closure(plan, extra, runs), "",
+        "## What the selection seeds chose", "",
+        "Selected per algorithm and cell on the mean final validation accuracy of seeds 0, 8, 9 (`stalegrad grid`'s "
+        "first stage), before any reporting seed ran.", "", *selections(runs), "",
         "## Machine and cost", "", *machine(runs), "",
         "## Changes to the plan", "",
         *([f"- `{c['commit']}` ({c['date']}): {c['why']}" for c in record.get("change", [])] or ["None."]), ""]
