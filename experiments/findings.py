@@ -274,6 +274,8 @@ def selections(runs: dict) -> list[str]:
     for grid, rs in sorted(runs.items()):
         report = {}
         for r in rs:
+            if r["settings"].get("lr") is None:
+                continue
             key = (r["settings"]["algo"], r["settings"].get("workers"))
             side = "report" if r["settings"]["seed"] >= 100 else "select"
             report.setdefault(key, {"report": set(), "select": set()})[side].add(r["settings"]["lr"])
