@@ -333,6 +333,33 @@ def test_a_cell_with_a_damaged_summary_is_not_done_and_runs_again(tmp_path, run,
         assert records(out)["asgd-s0"]["status"] == "done"
 
 
+def test_a_disk_that_fills_before_grid_json_is_rewritten_stops_the_grid_in_one_line(tmp_path, run, monkeypatch):
+    """Issue 32: grid.json is rewritten after every cell; a full disk then (simulated: the write raises ENOSPC)
+    stops the grid with one line, exit code 1, grid.json as it was, and the same command continues it."""
+    import errno
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1]\n')
+    out, writes = tmp_path / "out", []
+    real = G.write_json
+
+    def fills_after_the_first(file, obj):
+        writes.append(file)
+        if len(writes) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(file, obj)
+    monkeypatch.setattr(G, "write_json", fills_after_the_first)
+    code, _, err = run(path, "--out", out, "--jobs", 1, "--no-report")
+    *progress, last = err.strip().splitlines()
+    assert code == 1 and all(line.startswith("grid: ") for line in progress), err
+    assert last == (f"stalegrad: error: {out / 'grid.json'}: cannot write it (No space left on device); the grid "
+                    "stopped (its running cells with it), and the file is as it was; free space there, then run the "
+                    "same command again to continue"), err
+    assert {r["status"] for r in records(out).values()} == {"pending"}      # the one written before the disk filled
+    assert not [p for p in out.iterdir() if p.name.startswith(".grid.json")]   # no temporary file left
+    monkeypatch.setattr(G, "write_json", real)
+    code, stdout, err = run(path, "--out", out, "--jobs", 1, "--no-report")
+    assert code == 0 and "1 run, 1 skipped" in stdout, err
+
+
 def test_a_changed_fixed_value_is_refused_unless_rerun_changed(tmp_path, run):
     out = tmp_path / "out"
     path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0]\n')

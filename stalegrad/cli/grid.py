@@ -262,7 +262,8 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
                          f"{out_dir / 'runs'}")
     try:
         write_report(run_dirs, out_dir / "report", **g.report, given_in=f"the [report] table of {g.path}",
-                     on_skip=lambda d, why: _echo_err(f"grid: report: skipped {d}: {why}"))
+                     on_skip=lambda d, why: _echo_err(f"grid: report: skipped {d}: {why}"),
+                     on_warning=lambda line: _echo_err(f"grid: warning: {line}"))
     except StalegradError as e:
         raise RunError(f"the runs are done, but the report failed: {' '.join(str(e).split())}") from None
     _echo_err(f"grid: report -> {out_dir / 'report'}")
