@@ -22,8 +22,8 @@ from pathlib import Path
 JSON_LIMIT = 16 * 2**20
 JSONL_LIMIT = 256 * 2**20
 _KINDS = ((stat.S_ISDIR, "a directory, not a file"), (stat.S_ISFIFO, "a FIFO (named pipe), not a regular file"),
-          (stat.S_ISCHR, "a character device, not a regular file"), (stat.S_ISBLK, "a block device, not a regular file"),
-          (stat.S_ISSOCK, "a socket, not a regular file"))
+          (stat.S_ISCHR, "a character device, not a regular file"),
+          (stat.S_ISBLK, "a block device, not a regular file"), (stat.S_ISSOCK, "a socket, not a regular file"))
 
 
 class UnreadableFile(Exception):
