@@ -100,8 +100,7 @@ def claim_names(spec: dict) -> list[tuple[str, str]]:
 
 def with_statistic(candidates: list[dict], tune) -> dict:
     """The selection statistic of each cell, one rule for the report and a grid's stage 2: ``final_val_acc``
-    when every run of the cell (on the selection seeds) has one, i.e. was made with --val-split, else
-    ``final_test_acc``. Each candidate (``{"algo", "setting", "summaries": {seed: summary}}``) gets its
+    when every run of the cell has one, i.e. was made with --val-split, else ``final_test_acc``. Each candidate (``{"algo", "setting", "summaries": {seed: summary}}``) gets its
     ``values`` (seed -> that statistic) for ``selection.select``; returns {(algo, cell): statistic}."""
     cells: dict = {}
     for c in candidates:
@@ -161,7 +160,7 @@ def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, effic
             raise UsageError(f"the protocol: tune {axis!r} is no setting of the runs (the settings that vary among "
                              f"them: {', '.join(varied) or 'none'})")
     cands = [{"algo": arm_label(g, arms), "setting": {k: v for k, v in g["key"].items() if k != "algo"},
-              "summaries": {r["seed"]: r["summary"] for r in g["runs"] if r["seed"] in sel}, "group": g}
+              "summaries": {r["seed"]: r["summary"] for r in g["runs"]}, "group": g}   # (select reads sel's)
              for g in groups]
     statistic = with_statistic(cands, tune)
     picks = select(cands, tune, sel)
