@@ -26,19 +26,19 @@ cells are one; a parameter no algorithm has is an error; every cell is checked a
 checks it before anything runs.
 
 Names: the algorithm and a part for every axis that applies to the cell, joined by ``-``, e.g.
-``asgd-M8-lr0.1-gamma2-s0`` (``cell_name`` and experiments/README.md give the rules).
+``asgd-M8-lr0.1-gamma2-s0`` (``grid_names.cell_name`` and experiments/README.md give the rules).
 
 DIR holds ``runs/<cell>/``, ``cells/<cell>.toml`` (its --config), ``logs/<cell>.log`` (its stderr) and
 ``grid.json`` (every cell's options, ``status``, ``exit_code``, ``run_s``, ``reason``), rewritten atomically
-after every cell. A rerun skips the cells whose run is finished: it holds summary.json, which a run writes
-last, and model.pt (``results.is_finished``; ``cli/grid.py``: ``plan``).
+after every cell (a disk too full for it stops the grid with one line, ``RunError``). A rerun skips the cells
+whose run is finished: it holds summary.json, which a run writes last, and model.pt (``results.is_finished``),
+and its summary.json is one a run writes (``results.read_summary``; ``cli/grid.py``: ``plan``).
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import json
-import math
 import os
 import re
 import signal
@@ -50,18 +50,20 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import RunError, UsageError
+from .grid_names import cell_name, toml_value
 from .report_protocol import grid_protocol
 from .report_time import grid_time_model
-from .results import is_finished, last_line, write_json
+from .files import JSONL_LIMIT, UnreadableFile, disk_full, read_text
+from .results import DamagedRun, atomic_write, is_finished, last_line, read_summary, write_json
 
 ALIASES = {"algos": "algo", "seeds": "seed"}
 REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "rerun the grid to resume it",
            "overwrite": "the grid reruns unfinished cells itself", "quiet": "runs of a grid are quiet",
            "config_file": "the grid is the configuration", "record_trace": "it records one run: use 'stalegrad train'",
            "tensorboard": "give 'stalegrad grid --tensorboard DIR': each run logs into DIR/<cell>"}
-PREFIX = {"workers": "M", "window": "W", "lr": "lr", "seed": "s", "algo": "", "delay": ""}
 REPORT_KEYS = ("target", "baseline", "time_model")
+GRID_FILE_LIMIT = 4 * 2**20   # a grid file is written by hand: a few KiB
 # `stalegrad train` in a child, answering SIGINT (_stop) even when the grid runs in the background
 # (nohup, `&`), which ignores SIGINT and would pass that on (preexec_fn could lose a Ctrl-C at fork).
 CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -90,45 +92,6 @@ class Grid:
     cells: list
 
 
-def toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ("nan" if v != v else ("inf" if v > 0 else "-inf"))
-    if isinstance(v, str):
-        return '"' + "".join(c if c not in '"\\' and 0x20 <= ord(c) != 0x7F else
-                             {'"': '\\"', "\\": "\\\\"}.get(c, f"\\u{ord(c):04x}") for c in v) + '"'
-    return "[" + ", ".join(toml_value(x) for x in v) + "]"
-
-
-def name_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(v).removesuffix(".0")
-    if isinstance(v, list):
-        return "x".join(name_value(x) for x in v)
-    text = re.sub(r":(?=\d)", "", str(v))
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
-
-
-def _part_order(key: str) -> tuple:
-    from .cli.options import ALGO_FLAGS
-    rank = {"algo": 0, "workers": 1, "window": 2, "lr": 3, "delay": 6, "seed": 7}
-    return (rank.get(key, 4 if key in ALGO_FLAGS else 5), key)
-
-
-def cell_name(algo: str, axes: dict) -> str:
-    parts = [PREFIX.get(k, f"{k}_") + name_value(axes[k]) for k in sorted(axes, key=_part_order) if k != "algo"]
-    name = "-".join([name_value(algo), *parts])
-    if len(name) > 150:      # keep it a valid file name; the hash keeps it unique
-        import hashlib
-        name = f"{name[:130]}-{hashlib.sha1(name.encode()).hexdigest()[:10]}"
-    return name
-
-
 def _train_options() -> tuple[dict, dict]:
     from .cli.run import train
     return {p.name: p for p in train.params}, {o.lstrip("-"): p.name for p in train.params for o in p.opts}
@@ -147,10 +110,12 @@ def _check_value(where: str, key: str, v, param) -> None:
 def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
     """(fixed, axes, report) of a grid file, keys as the option names of ``stalegrad train``."""
     try:
-        table = tomllib.loads(Path(path).read_text())
-    except OSError as e:
+        table = tomllib.loads(read_text(path, GRID_FILE_LIMIT))
+    except FileNotFoundError as e:
         raise UsageError(f"{path}: cannot read it ({e.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except UnreadableFile as e:
+        raise UsageError(f"{path}: {e.reason}; a grid file is a TOML file") from None
+    except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path}: not valid TOML ({e})") from None
     for key, value in table.items():
         if key not in ("fixed", "axes", "report", "protocol") or not isinstance(value, dict):
@@ -196,7 +161,8 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
         raise UsageError(f"{path}: [report] target must be a test accuracy in (0, 1], got {target!r}")
     grid_time_model(path, report)   # [report] time_model: read and checked now, not after the cells ran
     if "protocol" in table:   # report_protocol.py: select_seeds, report_seeds, tune, arms, compare, closure
-        report["protocol"] = grid_protocol(path, table["protocol"], fixed, axes)
+        algos = axes.get("algo", [fixed.get("algo", by_name["algo"].default)])
+        report["protocol"] = grid_protocol(path, table["protocol"], fixed, axes, algos)
     return fixed, axes, report
 
 
@@ -283,25 +249,33 @@ class GridRun:
         self.times, self.started = [], time.strftime("%FT%T%z")     # the run times of this invocation's cells
 
     def write(self) -> None:
+        """grid.json, replaced whole (a full disk: ``RunError``, the previous grid.json as it was)."""
         st = [r["status"] for r in self.records.values()]
-        write_json(self.out / "grid.json", {
-            "file": str(self.grid.path), "started": self.started, "updated": time.strftime("%FT%T%z"), **self.where(),
-            "fixed": self.grid.fixed, "axes": self.grid.axes, "report": self.grid.report,
-            "counts": {s: st.count(s) for s in dict.fromkeys(st)}, "cells": list(self.records.values())})
+        with _stops_on_full_disk(self.out / "grid.json"):
+            write_json(self.out / "grid.json", {
+                "file": str(self.grid.path), "started": self.started, "updated": time.strftime("%FT%T%z"),
+                **self.where(), "fixed": self.grid.fixed, "axes": self.grid.axes, "report": self.grid.report,
+                "counts": {s: st.count(s) for s in dict.fromkeys(st)}, "cells": list(self.records.values())})
+
+    def write_cell(self, cell: Cell) -> None:
+        """cells/<cell>.toml, the --config of its run, replaced whole (a full disk: ``RunError``)."""
+        path = self.out / "cells" / f"{cell.name}.toml"
+        with _stops_on_full_disk(path):
+            atomic_write(path, cell.toml.encode())
 
     def where(self) -> dict:    # how the cells run, for grid.json (grid_ray.RayGridRun: on which cluster)
         return {"jobs": self.jobs, "threads_per_job": self.threads}
 
-    def _result(self, rec: dict) -> None:     # the run's accuracy, and whether it diverged
+    def _result(self, rec: dict) -> None:     # the run's accuracy, and whether it diverged (what its summary has)
         try:
-            s = json.loads((self.out / rec["dir"] / "summary.json").read_text())
-            rec.update({k: s.get(k) for k in ("final_test_acc", "best_test_acc", "final_val_acc", "diverged")})
-        except (OSError, ValueError, AttributeError):
-            pass
+            s = read_summary(self.out / rec["dir"])
+        except DamagedRun:
+            return
+        rec.update({k: s[k] for k in ("final_test_acc", "best_test_acc", "final_val_acc", "diverged") if k in s})
 
     def _start(self, cell: Cell) -> subprocess.Popen:
         run_dir, toml_path = self.out / "runs" / cell.name, self.out / "cells" / f"{cell.name}.toml"
-        toml_path.write_text(cell.toml)
+        self.write_cell(cell)
         cmd = [sys.executable, "-c", CHILD, "train", "--config", str(toml_path), "--out", str(run_dir),
                "--quiet"] + (["--overwrite"] if run_dir.exists() else [])
         if self.tensorboard is not None:
@@ -351,10 +325,11 @@ class GridRun:
         (or SIGTERM) stops the running children, records them as interrupted and raises KeyboardInterrupt."""
         cells = self.grid.cells if cells is None else cells
         for sub in ("runs", "cells", "logs"):
-            (self.out / sub).mkdir(parents=True, exist_ok=True)
-        try:
-            prev = {r["name"]: r for r in json.loads((self.out / "grid.json").read_text())["cells"]}
-        except (OSError, ValueError, KeyError, TypeError):
+            with _stops_on_full_disk(self.out / sub):
+                (self.out / sub).mkdir(parents=True, exist_ok=True)
+        try:   # (a FIFO is refused, not waited on; at some hundred bytes a cell, the limit is a million cells)
+            prev = {r["name"]: r for r in json.loads(read_text(self.out / "grid.json", JSONL_LIMIT))["cells"]}
+        except (OSError, UnreadableFile, ValueError, KeyError, TypeError):
             prev = {}
         for rec in (self.records[c.name] for c in cells if self.actions[c.name] == "skip"):
             p = prev.get(rec["name"], {})     # skipped cells keep what the last grid.json said
@@ -380,13 +355,24 @@ class GridRun:
                     self.on_cell(self, self.records[cell.name])
         except BaseException:       # Ctrl-C, SIGTERM, or the grid's own failure: no child is left running
             self._stop(running)
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(RunError):
                 self.write()
             raise
         finally:
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
         return self.records
+
+
+@contextlib.contextmanager
+def _stops_on_full_disk(path: Path):
+    """An OSError while writing ``path`` (a full disk) as one line: ``RunError``, exit code 1."""
+    try:
+        yield
+    except OSError as e:
+        fix = "free space there" if disk_full(e) else "make it writable"
+        raise RunError(f"{path}: cannot write it ({e.strerror or e}); the grid stopped (its running cells with it), "
+                       f"and the file is as it was; {fix}, then run the same command again to continue") from None
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

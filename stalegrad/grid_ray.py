@@ -275,7 +275,7 @@ class RayGridRun(GridRun):
                 "threads_per_job": self.threads}
 
     def _start(self, cell) -> _Task:
-        (self.out / "cells" / f"{cell.name}.toml").write_text(cell.toml)
+        self.write_cell(cell)
         return self.board.add(self.cluster.cell_task.remote(cell.name, cell.toml, self.threads, os.getcwd(), __version__))
 
     def _finish(self, cell, task: _Task, t0: float) -> None:

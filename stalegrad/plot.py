@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import RunError, UsageError
+from .files import StagedFiles, disk_full
 from .results import read_run
 
 X_AXES = ("virtual_s", "wall_s", "epoch", "updates", "samples")
@@ -99,6 +100,10 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "virtual_s",
     plt = _pyplot()
     if plt is None:
         raise PlotError("plotting needs matplotlib: pip install 'matplotlib>=3.7'")
+    kind = Path(out).suffix.lower().lstrip(".") or "png"   # (no suffix: a PNG, matplotlib's default)
+    if kind not in image_formats():
+        raise PlotError(f"--out {out}: .{kind} is not an image format matplotlib writes; use .png, .pdf or .svg "
+                        f"(or {', '.join('.' + k for k in image_formats() if k not in ('png', 'pdf', 'svg'))})")
     for d in map(Path, run_dirs):
         if not d.is_dir():
             raise PlotError(f"{d}: no such directory" if not d.exists() else f"{d}: not a directory")
@@ -107,7 +112,20 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "virtual_s",
         raise PlotError("give at least one run directory")
     fig = figure(runs, x, y, staleness, title)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        with StagedFiles(out.parent) as files:   # the image whole or not at all, and no folder made for nothing
+            fig.savefig(files.dir / out.name, dpi=120, format=kind)
+    except OSError as e:
+        if disk_full(e):
+            raise RunError(f"--out {out}: cannot write it ({e.strerror}); nothing was written: free space there, "
+                           "or give another --out") from None
+        raise PlotError(f"--out {out}: cannot write it ({e.strerror or e}); give another --out") from None
+    finally:
+        plt.close(fig)
     return out
+
+
+def image_formats() -> list[str]:
+    """The file suffixes matplotlib writes images in (png, pdf, svg, ...): ``--out``'s choices."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    return list(FigureCanvasBase.get_supported_filetypes())

@@ -11,14 +11,15 @@ import math
 import statistics
 from pathlib import Path
 
-from .errors import UsageError
-from .report_plots import choose_heatmap_axes, fmt_value, make_plots, order, render
+from .errors import RunError, UsageError
+from .report_plots import PLOTS, choose_heatmap_axes, fmt_value, make_plots, order, render
 from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
 from .report_protocol import analyse_protocol, render_protocol
 from .report_curves import (TIMES, WINDOW_S, central_curve, efficiencies, logs_train_acc, pair_efficiency,
                             time_to_target)
 from .report_time import MESSAGES_PER_WINDOW, WINDOWS, load_time_model, seconds_per_virtual_second, summarise
-from .results import DamagedRun, atomic_write, flat_config, read_run, write_json
+from .files import StagedFiles, disk_full
+from .results import DamagedRun, flat_config, read_run, write_json
 
 # Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
 IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace", "probe_every", "probes",   # probes change nothing
@@ -324,7 +325,7 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
 
 
 def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="central", heatmap=None,
-                 on_skip=None, given_in=None, protocol=None, time_model=None) -> Path:
+                 on_skip=None, given_in=None, protocol=None, time_model=None, on_warning=None) -> Path:
     """Write report.md, report.json and the plots for ``run_dirs`` into ``out_dir``; return report.md's path.
 
     ``target``: the test accuracy for the time-to-target table (default 0.9 x the best group's mean best
@@ -334,9 +335,10 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     it); ``heatmap``: ``"X,Y"``, the
     heat map's two axes; ``given_in``: where ``target`` and ``baseline`` came from, for the report's
     words (default: the options --target and --baseline); ``on_skip(dir, reason)``: called for each damaged run that is left out (the
-    report's notes and ``skipped_runs`` name them too).
+    report's notes and ``skipped_runs`` name them too); ``on_warning(line)``: called for each claim or seed of
+    the protocol that the runs cannot evaluate (report.json's ``protocol.not_evaluated``).
     Raises ``ReportError`` (a ``UsageError``) for bad input, or when no run is usable, before anything
-    is written.
+    is written; ``RunError`` when the disk is full, with nothing written (``results.StagedFiles``).
     """
     if str(out_dir) == "":
         raise ReportError("--out is empty; give a directory name (. for the current directory)")
@@ -346,20 +348,29 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
     report, groups, (heat_axes, heat_why) = analyse(run_dirs, target=target, baseline=baseline, variant=variant,
                                                     heatmap=heatmap, given_in=given_in, protocol=protocol,
                                                     time_model=time_model)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ReportError(f"--out {out}: cannot create it ({e.strerror})") from None
     for skip in report["skipped_runs"]:
         if on_skip is not None:
             on_skip(skip["dir"], skip["reason"])
-    report["plots"], report["skipped_plots"] = make_plots(groups, report, out, heat_axes, heat_why)
-    report["probes"] = analyse_probes(groups)   # runs with --probe-every (report_probes.py)
-    probe_plots = plot_probes(report["probes"], out)
-    write_json(out / "report.json", report)
-    path = out / "report.md"
-    head, table, rest = render(report).partition("## Test accuracy")   # the protocol first: what it selected
-    text = "\n".join([head + "\n".join(render_protocol(report["protocol"])) + "\n" + table + rest,
-                      *render_probes(report["probes"], probe_plots)])
-    atomic_write(path, text.encode())
-    return path
+    for line in report["protocol"]["not_evaluated"]:
+        if on_warning is not None:
+            on_warning(line)
+    try:
+        with StagedFiles(out) as files:   # every file of the report, or none (a full disk)
+            report["plots"], report["skipped_plots"] = make_plots(groups, report, files.dir, heat_axes, heat_why)
+            for name in report["skipped_plots"]:
+                files.remove(PLOTS[name][0])   # not a stale figure of an earlier report
+            report["probes"] = analyse_probes(groups)   # runs with --probe-every (report_probes.py)
+            probe_plots = plot_probes(report["probes"], files.dir)
+            write_json(files.dir / "report.json", report)
+            head, table, rest = render(report).partition("## Test accuracy")   # the protocol first: what it selected
+            text = "\n".join([head + "\n".join(render_protocol(report["protocol"])) + "\n" + table + rest,
+                              *render_probes(report["probes"], probe_plots)])
+            (files.dir / "report.md").write_text(text)
+    except OSError as e:
+        if disk_full(e):
+            raise RunError(f"--out {out}: cannot write the report ({e.strerror}); nothing of it was written "
+                           "(a report is written whole or not at all): free space there, or give another --out, "
+                           "then run it again") from None
+        raise ReportError(f"--out {out}: cannot write the report there ({e.strerror or e}); give another --out") \
+            from None
+    return out / "report.md"

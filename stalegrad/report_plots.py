@@ -246,7 +246,8 @@ def _workers(plt, groups, report, path) -> str:
 
 
 def make_plots(groups: list[dict], report: dict, out: Path, heat_axes, heat_why: str) -> tuple[dict, dict]:
-    """Draw every figure that the data allows into ``out``: ({name: file}, {name: why it was skipped})."""
+    """Draw every figure that the data allows into ``out``: ({name: file}, {name: why it was skipped}; the
+    caller removes a skipped figure's file, ``PLOTS[name][0]``, left by an earlier report)."""
     plt = _pyplot()
     made, skipped = {}, {}
     for name, draw in (("accuracy", _accuracy), ("staleness", _staleness), ("heatmap", _heatmap),
@@ -260,7 +261,6 @@ def make_plots(groups: list[dict], report: dict, out: Path, heat_axes, heat_why:
             why = draw(plt, groups, report, path)
         if why:
             skipped[name] = why
-            path.unlink(missing_ok=True)   # not a stale figure of an earlier report
         else:
             made[name] = path.name
     return made, skipped

@@ -28,14 +28,15 @@ PROBE_NUMBERS = ("cos_eval", "cos_prev", "update_norm")
 
 def read_probes(run_dir) -> list[dict] | None:
     """The probes of a run, None if it has none; ``DamagedRun`` for a file that is no probes file."""
+    from .files import JSONL_LIMIT, UnreadableFile, read_text
     from .results import DamagedRun, is_number
     d = Path(run_dir)
-    if not (d / PROBES_FILE).exists():
-        return None
     try:
-        text = (d / PROBES_FILE).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DamagedRun(d, f"cannot read {PROBES_FILE} ({getattr(e, 'strerror', None) or e})") from None
+        text = read_text(d / PROBES_FILE, JSONL_LIMIT)
+    except FileNotFoundError:
+        return None
+    except UnreadableFile as e:
+        raise DamagedRun(d, f"{PROBES_FILE} {e.reason}") from None
     probes = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():

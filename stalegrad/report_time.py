@@ -94,12 +94,13 @@ def _check_entry(path, algo: str, e) -> dict:
 
 def load_time_model(path) -> dict:
     """The checked time model in ``path``; ``TimeModelError`` (one line) if it is missing or malformed."""
+    from .files import JSON_LIMIT, UnreadableFile, read_text
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, JSON_LIMIT)
     except FileNotFoundError:
         raise TimeModelError(f"--time-model {path}: no such file; write one with benchmarks/throughput.py") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TimeModelError(f"--time-model {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    except UnreadableFile as e:
+        raise TimeModelError(f"--time-model {path}: {e.reason}") from None
     try:
         model = json.loads(text)
     except json.JSONDecodeError as e:

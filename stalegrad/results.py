@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import UsageError
+from .files import JSON_LIMIT, JSONL_LIMIT, UnreadableFile, read_text
 
 class OutputError(UsageError):
     """A run directory or output path that cannot be used (one-line message)."""
@@ -174,17 +175,14 @@ def read_run(run_dir: str | os.PathLike) -> dict:
 
 
 def _read(d: Path, name: str, lines: bool = False):
-    """The JSON (``lines``: JSON lines) of ``d/name``; ``DamagedRun`` saying why it cannot be read."""
+    """The JSON (``lines``: JSON lines) of ``d/name``; ``DamagedRun`` saying why it cannot be read (missing,
+    not a regular file, larger than ``JSON_LIMIT`` or ``JSONL_LIMIT``, not UTF-8, not JSON)."""
     try:
-        text = (d / name).read_text(encoding="utf-8")
+        text = read_text(d / name, JSONL_LIMIT if lines else JSON_LIMIT)
     except FileNotFoundError:
         raise DamagedRun(d, f"not a finished stalegrad run (missing {name})") from None
-    except IsADirectoryError:
-        raise DamagedRun(d, f"{name} is a directory, not a file") from None
-    except UnicodeDecodeError as e:
-        raise DamagedRun(d, f"{name} is not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise DamagedRun(d, f"cannot read {name} ({e.strerror or e})") from None
+    except UnreadableFile as e:
+        raise DamagedRun(d, f"{name} {e.reason}") from None
     if not lines:
         return _parse(d, name, text, 0)
     return [(i, _parse(d, name, ln, i)) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
@@ -203,10 +201,51 @@ def _parse(d: Path, name: str, text: str, line: int):
 METRIC_NUMBERS = ("epoch", "updates", "samples", "wall_s", "virtual_s", "lr", "train_loss", "train_acc", "test_loss",
                   "test_acc", "val_loss", "val_acc", "tau_mean", "nonfinite_skipped")
 MESSAGE_NUMBERS = ("samples", "wall_s", "virtual_s", "loss", "train_acc")
+# What summary.json's figures can be: an accuracy is in [0, 1] (null: never measured), a count or a staleness is
+# finite and >= 0 (null: none, e.g. no update); a loss may be anything a number can be (NaN: diverged).
+ACCURACIES = ("final_test_acc", "best_test_acc", "final_val_acc", "best_val_acc", "test_acc", "val_acc", "train_acc")
+SUMMARY_COUNTS = ("tau_mean", "tau_max", "nonfinite_skipped", "updates", "samples", "epochs")
 
 
 def is_number(v) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def value_problem(key: str, v, nan_ok: bool = False) -> str | None:
+    """Why ``v`` cannot be the value of ``key`` in a run's files (an accuracy of 7.5, a count of Infinity), or None.
+    ``nan_ok``: NaN means "not measured", as null does (a record of metrics.jsonl or messages.jsonl written before
+    they were strict JSON)."""
+    if v is None or (nan_ok and v != v):
+        return None
+    if not is_number(v):
+        return f"{key} is {v!r:.40}, not a number"
+    if key in ACCURACIES and not 0 <= v <= 1:   # (NaN is in no interval)
+        return f"{key} is {v!r}, not an accuracy in [0, 1]"
+    if key in SUMMARY_COUNTS and not (math.isfinite(v) and v >= 0):
+        return f"{key} is {v!r}, not a finite number >= 0"
+    return None
+
+
+def summary_problem(summary) -> str | None:
+    """Why ``summary`` (summary.json, parsed) is not what a run writes, or None: not an object, an impossible
+    figure (``value_problem``), ``diverged`` not true or false."""
+    if not isinstance(summary, dict):
+        return f"summary.json is {_kind(summary)}, not a JSON object"
+    for key in (*ACCURACIES[:4], *SUMMARY_COUNTS, "final_test_loss"):
+        if (problem := value_problem(key, summary.get(key))) is not None:
+            return f"summary.json: {problem}"
+    if not isinstance(summary.get("diverged", False), bool):
+        return f"summary.json: diverged is {summary['diverged']!r:.40}, not true or false"
+    return None
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict:
+    """The summary.json of ``run_dir``, checked (``summary_problem``); ``DamagedRun`` saying why not."""
+    d = Path(run_dir)
+    summary = _read(d, "summary.json")
+    if (problem := summary_problem(summary)) is not None:
+        raise DamagedRun(d, problem)
+    return summary
 
 
 def _check_shapes(run: dict) -> None:
@@ -216,6 +255,8 @@ def _check_shapes(run: dict) -> None:
     for name in ("config", "summary", "staleness"):
         if not isinstance(run[name], dict):
             raise DamagedRun(d, f"{name}.json is {_kind(run[name])}, not a JSON object")
+    if (problem := summary_problem(run["summary"])) is not None:
+        raise DamagedRun(d, problem)
     hist = run["staleness"].get("histogram")
     if hist is not None:
         if not isinstance(hist, dict) or not all(k.lstrip("-").isdigit() and is_number(v) for k, v in hist.items()):
@@ -224,9 +265,9 @@ def _check_shapes(run: dict) -> None:
         for i, record in run[name]:
             if not isinstance(record, dict):
                 raise DamagedRun(d, f"{name}.jsonl line {i} is {_kind(record)}, not a JSON object")
-            bad = next((k for k in numbers if record.get(k) is not None and not is_number(record[k])), None)
-            if bad is not None:
-                raise DamagedRun(d, f"{name}.jsonl line {i}: {bad} is {record[bad]!r:.40}, not a number")
+            problem = next(filter(None, (value_problem(k, record.get(k), nan_ok=True) for k in numbers)), None)
+            if problem is not None:
+                raise DamagedRun(d, f"{name}.jsonl line {i}: {problem}")
         run[name] = [record for _, record in run[name]]
     if not run["metrics"]:
         raise DamagedRun(d, "metrics.jsonl holds no evaluation (a finished run has at least the first one)")
@@ -281,7 +322,10 @@ def flat_config(cfg: dict) -> tuple[dict, set]:
 def last_line(path: Path) -> str:
     """The last non-empty line of a text file (at most 500 characters), or "" when there is none."""
     try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        with open(path, "rb") as f:   # its end only: a run's stderr may be long
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            text = f.read().decode(errors="replace")
     except OSError:
-        lines = []
+        text = ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1][:500] if lines else ""

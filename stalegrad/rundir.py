@@ -62,6 +62,7 @@ class RunWriter:
         self.overwrite, self.resume = overwrite, resume
         self.flag = "--resume" if resume else "--out"
         self.created = False
+        self._created_top: Path | None = None
         self.started = False           # committed: the run took its first step and wrote its first file
         self._pending: tuple[dict, list[dict]] | None = None   # start()'s config and metrics, until commit()
         self._lock_created = False
@@ -106,7 +107,11 @@ class RunWriter:
     def open(self) -> "RunWriter":
         """Create the directory and lock it for this run (OutputError if another run holds it)."""
         try:
-            self.created = not self.dir.exists()
+            # the topmost directory this run creates (--out a/new/run may create a/new too): a run that never
+            # starts removes it, so a refused command leaves nothing behind
+            missing = [p for p in (self.dir, *self.dir.parents) if not p.exists()]
+            self.created = bool(missing)
+            self._created_top = missing[-1] if missing else None
             self.dir.mkdir(parents=True, exist_ok=True)
             self._lock_created = not (self.dir / LOCK_FILE).exists()
             fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -203,7 +208,7 @@ class RunWriter:
     # ---- helpers ------------------------------------------------------------------
     def _remove_if_created(self) -> None:
         if self.created:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            shutil.rmtree(self._created_top or self.dir, ignore_errors=True)
             self.created = False
 
     def _guard(self, write, path: Path, *args) -> None:

@@ -6,17 +6,17 @@ the reporting seeds of every setting, though the protocol looks at them only for
 stages run exactly what the protocol reads: for ``select_seeds = [0, 1, 2]``, ``report_seeds = [3..9]``
 and 40 settings per cell, 40 x 3 + 1 x 7 runs per cell and algorithm instead of 40 x 10.
 
-Stage 2 is chosen with the report's own rule (``selection.select`` over the mean final validation
-accuracy on the selection seeds, arms labelled as ``report_protocol.arm_label`` labels them), so the
-report's protocol section selects the same settings from the same runs. ``stages = 1`` in the
+Stage 2 is chosen with the report's own rule (``selection.select`` over the statistic that
+``report_protocol.with_statistic`` gives each cell: the mean final validation accuracy on the selection
+seeds, which every cell of a [protocol] grid has, since its file is refused without a validation split;
+arms labelled as ``report_protocol.arm_label`` labels them), so the report's protocol section selects the
+same settings from the same runs. ``stages = 1`` in the
 [protocol] table runs the whole product instead (to study the selection itself).
 """
 from __future__ import annotations
 
-import math
-
-from .report_protocol import NUM_CLASSES, arm_label
-from .selection import run_failure, select
+from .report_protocol import arm_label, with_statistic
+from .selection import select
 
 
 def setting(cell) -> dict:
@@ -44,33 +44,21 @@ def split(cells: list, spec: dict | None) -> tuple[list, list]:
     return first, [c for c in cells if c.options.get("seed", 0) in report]
 
 
-def failed_runs(records) -> dict:
-    """Cell name -> why its finished run failed (``selection.run_failure``: diverged, or a final accuracy
-    not finite or at chance), from the grid's records (grid.json's cells, which copy ``diverged``,
-    ``final_val_acc`` and ``final_test_acc`` from summary.json); only finished cells are judged."""
-    return {r["name"]: why for r in records
-            if r["status"] in ("done", "skipped") and (why := run_failure(r, NUM_CLASSES))}
-
-
-def choose(first: list, second: list, spec: dict, val_acc: dict, failures: dict | None = None) -> tuple[list, list]:
-    """(the stage-2 cells of the selected settings, the selections). ``val_acc``: cell name -> final
-    validation accuracy of its finished run (absent: not finished, or its process failed); ``failures``:
-    cell name -> why its finished run failed (``selection.run_failure``: diverged, not finite, at chance),
-    which makes its setting's score NaN and is listed in the selections. A cell whose settings all lack a
-    finished run of some selection seed, or all have a failed one, selects nothing and runs no reporting
-    seed."""
+def choose(first: list, second: list, spec: dict, results: dict) -> tuple[list, list]:
+    """(the stage-2 cells of the selected settings, the selections). ``results``: cell name -> the figures of
+    its finished run's summary.json (``final_val_acc``, ``final_test_acc``, ``diverged``; absent: not finished,
+    or its process failed). A run that failed (``selection.run_failure``: diverged, not finite, at chance) makes
+    its setting's score NaN and is listed in the selections. A cell whose settings all lack a finished run of
+    some selection seed, or all have a failed one, selects nothing, and runs no reporting seed."""
     tune, arms = list(spec.get("tune") or ["lr"]), dict(spec.get("arms") or {})
     seeds = spec.get("select_seeds") or sorted({c.options.get("seed", 0) for c in first})
     label = lambda c: arm_label({"key": c.options, "algo": c.algo}, arms)   # noqa: E731
-    failures = failures or {}
     groups: dict = {}
     for c in first:
-        g = groups.setdefault(_key(label(c), setting(c)), {"algo": label(c), "setting": setting(c), "values": {},
-                                                            "failures": {}})
-        if c.name in val_acc or c.name in failures:   # a failed run's accuracy may be absent (NaN, written null)
-            seed = c.options.get("seed", 0)
-            g["values"][seed] = val_acc.get(c.name, math.nan)
-            g["failures"][seed] = failures.get(c.name)
+        g = groups.setdefault(_key(label(c), setting(c)), {"algo": label(c), "setting": setting(c), "summaries": {}})
+        if c.name in results:
+            g["summaries"][c.options.get("seed", 0)] = results[c.name]
+    with_statistic(list(groups.values()), tune)
     picks = select(list(groups.values()), tune, seeds)
     chosen = {_key(p["algo"], p["chosen"]["setting"]) for p in picks if p["chosen"] is not None}
     return [c for c in second if _key(label(c), setting(c)) in chosen], picks

@@ -1,4 +1,5 @@
 """Small data sets, process helpers and the experiments' scripts, as the tests share them."""
+import contextlib
 import importlib.util
 import os
 import sys
@@ -102,3 +103,82 @@ def stop_after_first_checkpoint(runtime_cls):
             training.save_checkpoint = save_then_stop
             super().run(training, seed=seed, resume=resume)
     return StopAfterFirstCheckpoint
+
+
+def fake_run(root, algo, lr, seed, test, val=None, workers=4, **params):
+    """A finished run directory made by hand, whose figures are known: final test accuracy ``test``, and
+    with ``val`` a final validation accuracy (a run made with --val-split)."""
+    import json
+    d = root / f"{algo}-M{workers}-lr{lr}-{'-'.join(f'{k}{v}' for k, v in params.items())}-s{seed}"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"algorithm": {"name": algo, **params}, "workers": workers, "lr": lr,
+                                               "seed": seed, "runtime": {"name": "sim"},
+                                               **({"val_split": 100} if val is not None else {})}))
+    (d / "metrics.jsonl").write_text(
+        json.dumps({"virtual_s": 0.0, "wall_s": 0.0, "test_acc": 0.1, "samples": 0}) + "\n"
+        + json.dumps({"virtual_s": 10.0, "wall_s": 1.0, "test_acc": test, "samples": 1}) + "\n")
+    summary = {"final_test_acc": test, "best_test_acc": test}
+    if val is not None:
+        summary.update(final_val_acc=val, best_val_acc=val)
+    (d / "summary.json").write_text(json.dumps(summary))
+    (d / "staleness.json").write_text("{}")
+    return d
+
+
+def snapshot(root) -> dict:
+    """Every entry below ``root``: its kind, size and contents' hash (what a command must leave as it was)."""
+    import hashlib
+    import stat
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            digest = hashlib.sha256(p.read_bytes()).hexdigest() if stat.S_ISREG(st.st_mode) else None
+            out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), st.st_size if digest else 0, digest)
+    return out
+
+
+@contextlib.contextmanager
+def full_disk(where, free_pages: int = 0):
+    """A 512 KiB tmpfs mounted at ``where`` (made), filled up but ``free_pages`` pages of 4 KiB: a disk that
+    is full. Mounting needs root: the test is skipped without it, or where mount fails."""
+    import errno
+    import subprocess
+
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    Path(where).mkdir(parents=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        filler = Path(where) / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\1" * 4096)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+            f.truncate(max(0, f.tell() - 4096 * free_pages))
+        yield Path(where)
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Fail (TimeoutError) instead of hanging when the block runs longer than ``seconds`` (the main thread)."""
+    import signal
+
+    def late(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: it hangs")
+    old = signal.signal(signal.SIGALRM, late)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -1,6 +1,9 @@
 """The command line under random input: never a traceback, exit 0 or 2, and a refused
 command leaves no new directory. (A run that starts and then fails, e.g. a NaN under
 --on-nonfinite stop, exits 1 with one line; that is allowed too.)"""
+import json
+import os
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -8,7 +11,7 @@ from hypothesis import strategies as st
 from stalegrad.algorithms import ALGORITHMS
 from stalegrad.cli import main
 
-from helpers import checkpointed_run
+from helpers import checkpointed_run, deadline, fake_run, full_disk, snapshot
 
 NUMBERS = ["0", "-1", "nan", "inf", "-inf", "x", "", "1e400", "99999999999999999999999"]
 CHOICES = {
@@ -255,3 +258,160 @@ def test_a_checkpoint_with_any_value_changed_resumes_or_is_refused_cleanly(tmp_p
     else:
         summary = __import__("json").loads((out / "summary.json").read_text())
         assert summary["epochs"] >= 2 and 0 <= summary["final_test_acc"] <= 1
+
+
+# ---- issue 32, the study side: `report`, `grid` and `plot` under an unlucky user's input -----------------------
+# Each repro gives one line and its exit code, within seconds, and changes nothing on disk.
+
+
+def study_runs(root):
+    """asgd and dcasgd-a at two rates, seeds 0-3, made with a validation split."""
+    for algo in ("asgd", "dcasgd-a"):
+        for lr in (0.03, 0.1):
+            for s in range(4):
+                fake_run(root, algo, lr, s, 0.8 + lr, 0.79 + lr)
+    return root
+
+
+def run_cli(capsys, *args):
+    with deadline(60):
+        code = main([str(a) for a in args])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def damage(d, how):
+    """The run directory ``d`` with one of its files made into what no run writes."""
+    if how == "metrics.jsonl a FIFO":
+        (d / "metrics.jsonl").unlink()
+        os.mkfifo(d / "metrics.jsonl")
+    elif how == "summary.json a link to /dev/zero":
+        (d / "summary.json").unlink()
+        (d / "summary.json").symlink_to("/dev/zero")
+    elif how == "summary.json past its limit":   # valid JSON, one byte more than the 16 MiB limit (files.JSON_LIMIT)
+        head = '{"final_test_acc": 0.5, "pad": "'
+        (d / "summary.json").write_text(head + "x" * (16 * 2**20 + 1 - len(head) - 2) + '"}')
+    else:
+        (d / "summary.json").write_text(how)
+
+
+@pytest.mark.parametrize("how, words", [
+    ("metrics.jsonl a FIFO", "metrics.jsonl is a FIFO (named pipe), not a regular file"),
+    ("summary.json a link to /dev/zero", "summary.json is a character device, not a regular file"),
+    ("summary.json past its limit", "summary.json is 16,777,217 bytes, more than the 16 MiB such a file may hold"),
+    ('{"final_test_acc": 7.5, "best_test_acc": 0.9}', "summary.json: final_test_acc is 7.5, not an accuracy in [0, 1]"),
+    ('{"final_test_acc": 0.5, "best_test_acc": NaN}', "summary.json: best_test_acc is nan, not an accuracy in [0, 1]"),
+    ('{"final_test_acc": 0.5, "tau_mean": Infinity}', "summary.json: tau_mean is inf, not a finite number >= 0"),
+])
+def test_report_over_a_file_no_run_writes_is_one_line(tmp_path, capsys, how, words):
+    run = fake_run(tmp_path / "runs", "asgd", 0.1, 0, 0.8)
+    damage(run, how)
+    before = snapshot(tmp_path)
+    code, err = run_cli(capsys, "report", run, "--out", tmp_path / "out")
+    assert code == 2 and len(err) == 1 and words in err[0] and str(run) in err[0], err
+    assert snapshot(tmp_path) == before
+    # beside good runs: left out with one warning line naming it, and out of every mean
+    study_runs(tmp_path / "more")
+    code, err = run_cli(capsys, "report", tmp_path / "runs", tmp_path / "more", "--out", tmp_path / "out")
+    assert code == 0 and err == [f"stalegrad: warning: skipped {run}: {words}"], err
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["compared"]["runs"] == 16 and all(g["final_test_acc"]["mean"] <= 1 for g in rep["groups"])
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--compare", "foo>asgd"], 2, "compare 'foo>asgd' names 'foo', which is no algorithm"),
+    (["--compare", "asgd>asgd"], 2, "compare 'asgd>asgd' compares asgd with itself"),
+    (["--closure", "foo,bar"], 2, "closure names 'foo', which is no algorithm"),
+    (["--closure", "asgd,asgd"], 2, "closure names asgd twice"),
+    (["--tune", "foo"], 2, "tune 'foo' is no setting of the runs (the settings that vary among them: algo, lr)"),
+    (["--tune", "seed"], 2, "tune 'seed': not a setting to select over"),
+    (["--tune", "lr,algo"], 2, "tune 'algo': not a setting to select over"),
+    (["--select-seeds", "0-100000000"], 2, "100000001 seeds, more than the 10000 a protocol may list"),
+    (["--report-seeds", "0,4294967296"], 2, "seed 4294967296 is larger than any seed a run takes"),
+    (["--compare", "sgd>asgd"], 0, "compare 'sgd>asgd': not evaluated: no run of sgd (the runs have asgd, dcasgd-a)"),
+    (["--closure", "asgd,sgd"], 0, "closure asgd,sgd: not evaluated: no run of sgd"),
+    (["--select-seeds", "5-6"], 0, "no run of selection seed(s) 5, 6 (the runs' seeds: 0, 1, 2, 3)"),
+    (["--report-seeds", "3,9"], 0, "no run of reporting seed(s) 9 (the runs' seeds: 0, 1, 2, 3)"),
+])
+def test_a_claim_the_report_cannot_evaluate_is_refused_or_warned_in_one_line(tmp_path, capsys, args, code, words):
+    study_runs(tmp_path / "runs")
+    before = snapshot(tmp_path)
+    got, err = run_cli(capsys, "report", tmp_path / "runs", "--out", tmp_path / "out", *args)
+    assert got == code and len(err) == 1 and words in err[0], err
+    if code == 2:
+        assert err[0].startswith("stalegrad: error: ") and snapshot(tmp_path) == before
+    else:
+        assert err[0].startswith("stalegrad: warning: ")
+        md = (tmp_path / "out" / "report.md").read_text()
+        assert f"**Warning:** {err[0].removeprefix('stalegrad: warning: ')}." in md
+
+
+PROTOCOL_GRID = """[fixed]
+dataset = "synthetic"
+epochs = 0.2
+{fixed}
+[axes]
+algos = ["asgd", "dcasgd-a"]
+lr = [0.05, 0.1]
+seeds = [0, 1, 2]
+{axes}
+[protocol]
+select_seeds = [0]
+report_seeds = [1, 2]
+{protocol}
+"""
+
+
+@pytest.mark.parametrize("fixed, axes, protocol, words", [
+    ("val_split = 100", "", 'compare = ["foo>asgd"]', "compare 'foo>asgd' names 'foo', which is no algorithm"),
+    ("val_split = 100", "", 'compare = ["asgd>asgd"]', "compares asgd with itself"),
+    ("val_split = 100", "", 'compare = ["sgd>asgd"]', "compare 'sgd>asgd' names sgd, which the grid does not run "
+                                                      "(its algorithms: asgd, dcasgd-a)"),
+    ("val_split = 100", "", 'closure = ["foo", "bar"]', "closure names 'foo', which is no algorithm"),
+    ("val_split = 100", "", 'tune = ["seed"]', "tune 'seed': not a setting to select over"),
+    ("val_split = 100", "", 'tune = ["foo"]', "tune 'foo' is not an axis of the grid"),
+    ("", "val_split = [0, 200]", "", "the cells of val_split = 0 in [axes] hold out no validation samples"),
+])
+def test_a_protocol_table_that_cannot_be_evaluated_is_refused(tmp_path, capsys, fixed, axes, protocol, words):
+    path = tmp_path / "g.toml"
+    path.write_text(PROTOCOL_GRID.format(fixed=fixed, axes=axes, protocol=protocol))
+    code, err = run_cli(capsys, "grid", path, "--dry-run", "--out", tmp_path / "new")
+    assert code == 2 and len(err) == 1 and f"{path}: [protocol]" in err[0] and words in err[0], err
+    assert not (tmp_path / "new").exists()
+
+
+def test_plot_to_a_file_that_is_no_image_is_one_line(tmp_path, capsys):
+    run = fake_run(tmp_path / "runs", "asgd", 0.1, 0, 0.8)
+    before = snapshot(tmp_path)
+    code, err = run_cli(capsys, "plot", run, "--out", tmp_path / "new" / "x.txt")
+    assert code == 2 and len(err) == 1, err
+    assert ".txt is not an image format matplotlib writes; use .png, .pdf or .svg (or .eps" in err[0]
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["report", "plot"])
+def test_report_and_plot_on_a_full_disk_are_one_line_and_write_nothing(tmp_path, capsys, command):
+    study_runs(tmp_path / "runs")
+    with full_disk(tmp_path / "disk") as disk:
+        before = snapshot(disk)
+        out = disk / "new" / ("report" if command == "report" else "curves.png")
+        code, err = run_cli(capsys, command, tmp_path / "runs" if command == "report" else
+                            next((tmp_path / "runs").iterdir()), "--out", out)
+        assert code == 1 and len(err) == 1 and "No space left on device" in err[0] and str(out) in err[0], err
+        assert "nothing" in err[0] and snapshot(disk) == before
+
+
+@pytest.mark.parametrize("free_pages, file", [(0, ".grid.lock"), (1, "grid.json")])
+def test_a_grid_on_a_full_disk_is_one_line(tmp_path, capsys, free_pages, file):
+    path = tmp_path / "g.toml"
+    path.write_text('[fixed]\ndataset = "synthetic"\nepochs = 0.2\n[axes]\nseeds = [0, 1]\n')
+    with full_disk(tmp_path / "disk", free_pages) as disk:
+        before = snapshot(disk)
+        code, err = run_cli(capsys, "grid", path, "--out", disk / "G", "--no-report")
+        *progress, last = err      # (the grid's own line, "grid: 2 cells, ...", once it has its lock)
+        assert code == 1 and all(line.startswith("grid: ") for line in progress), err
+        assert last.startswith("stalegrad: error: ") and file in last and "No space left on device" in last, err
+        if free_pages == 0:    # not even the lock: nothing is left of the command
+            assert snapshot(disk) == before
+        else:                  # the lock, and no grid.json, whole or in part
+            assert sorted(p.name for p in (disk / "G").iterdir() if p.is_file()) == [".grid.lock"]
+            assert not list((disk / "G" / "runs").iterdir())

@@ -306,6 +306,60 @@ def test_a_run_without_its_last_file_is_not_done(tmp_path, run, monkeypatch):
     assert (out / "runs" / "asgd-s0" / "model.pt").is_file()
 
 
+@pytest.mark.parametrize("summary, why", [
+    ('{"final_test_acc": 0.5', "its summary.json is corrupt (Expecting ',' delimiter at line 1)"),
+    ('{"final_test_acc": 7.5, "best_test_acc": 0.9}', "its summary.json: final_test_acc is 7.5, not an accuracy"),
+    ("fifo", "its summary.json is a FIFO (named pipe), not a regular file"),
+])
+def test_a_cell_with_a_damaged_summary_is_not_done_and_runs_again(tmp_path, run, summary, why):
+    """Issue 32: a corrupt summary.json (or one no run writes) would have counted as done forever."""
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0]\n')
+    out = tmp_path / "out"
+    finished = out / "runs" / "asgd-s0"
+    finished.mkdir(parents=True)
+    (finished / "model.pt").write_bytes(b"weights")
+    if summary == "fifo":
+        os.mkfifo(finished / "summary.json")
+    else:
+        (finished / "summary.json").write_text(summary)
+    code, listing, err = run(path, "--out", out, "--dry-run")
+    assert code == 0 and "asgd-s0  to run again" in listing, listing
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"grid: note: cell asgd-s0 is not done: {why}") and line.endswith("; it runs again"), err
+    if summary == "fifo":     # the rerun, once: the run replaces the damaged directory, and the cell is done
+        code, stdout, err = run(path, "--out", out, "--jobs", 1, "--no-report")
+        assert code == 0 and "1 run, 0 skipped" in stdout and err.startswith(f"grid: note: cell asgd-s0"), err
+        assert 0 <= json.loads((finished / "summary.json").read_text())["final_test_acc"] <= 1
+        assert records(out)["asgd-s0"]["status"] == "done"
+
+
+def test_a_disk_that_fills_before_grid_json_is_rewritten_stops_the_grid_in_one_line(tmp_path, run, monkeypatch):
+    """Issue 32: grid.json is rewritten after every cell; a full disk then (simulated: the write raises ENOSPC)
+    stops the grid with one line, exit code 1, grid.json as it was, and the same command continues it."""
+    import errno
+    path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0, 1]\n')
+    out, writes = tmp_path / "out", []
+    real = G.write_json
+
+    def fills_after_the_first(file, obj):
+        writes.append(file)
+        if len(writes) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(file, obj)
+    monkeypatch.setattr(G, "write_json", fills_after_the_first)
+    code, _, err = run(path, "--out", out, "--jobs", 1, "--no-report")
+    *progress, last = err.strip().splitlines()
+    assert code == 1 and all(line.startswith("grid: ") for line in progress), err
+    assert last == (f"stalegrad: error: {out / 'grid.json'}: cannot write it (No space left on device); the grid "
+                    "stopped (its running cells with it), and the file is as it was; free space there, then run the "
+                    "same command again to continue"), err
+    assert {r["status"] for r in records(out).values()} == {"pending"}      # the one written before the disk filled
+    assert not [p for p in out.iterdir() if p.name.startswith(".grid.json")]   # no temporary file left
+    monkeypatch.setattr(G, "write_json", real)
+    code, stdout, err = run(path, "--out", out, "--jobs", 1, "--no-report")
+    assert code == 0 and "1 run, 1 skipped" in stdout, err
+
+
 def test_a_changed_fixed_value_is_refused_unless_rerun_changed(tmp_path, run):
     out = tmp_path / "out"
     path = write(tmp_path, TINY + '[axes]\nalgos = ["asgd"]\nseeds = [0]\n')

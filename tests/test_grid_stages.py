@@ -54,7 +54,8 @@ def test_the_stages_split_by_seed_and_stage_two_holds_the_settings_of_the_best_v
         if o["algo"] == "dcasgd-c":
             return (0.9 if o["lr"] == 0.01 else 0.5) + (0.01 * o["lam"] if o["lam"] else 0.0)
         return 0.8 if o["lr"] == 0.1 else 0.6
-    chosen, picks = choose(first, second, spec, {c.name: acc(c) for c in first})
+    results = {c.name: {"final_val_acc": acc(c), "final_test_acc": 0.5} for c in first}
+    chosen, picks = choose(first, second, spec, results)
     got = {(c.algo, c.options.get("workers"), c.options["lr"], c.options.get("lam")) for c in chosen}
     want = {("sgd", 1, 0.1, None)} | {(a, m, lr, lam) for m in (2, 4) for a, lr, lam in
                                       (("asgd", 0.1, None), ("dcasgd-c", 0.01, 4.0), ("dcasgd-c", 0.01, 0.0))}
@@ -65,10 +66,11 @@ def test_the_stages_split_by_seed_and_stage_two_holds_the_settings_of_the_best_v
 def test_a_cell_without_a_finished_selection_run_selects_nothing_and_runs_no_reporting_seed(tmp_path):
     cells, spec, _ = cells_of(tmp_path)
     first, second = split(cells, spec)
-    val = {c.name: 0.5 for c in first if not (c.algo == "asgd" and c.options["workers"] == 4 and c.options["lr"] == 0.1)}
+    val = {c.name: {"final_val_acc": 0.5} for c in first
+           if not (c.algo == "asgd" and c.options["workers"] == 4 and c.options["lr"] == 0.1)}
     chosen, picks = choose(first, second, spec, val)   # asgd M=4 lr 0.1 failed: lr 0.01 is chosen there
     assert {c.options["lr"] for c in chosen if c.algo == "asgd" and c.options["workers"] == 4} == {0.01}
-    val = {c.name: 0.5 for c in first if not (c.algo == "asgd" and c.options["workers"] == 4)}
+    val = {c.name: {"final_val_acc": 0.5} for c in first if not (c.algo == "asgd" and c.options["workers"] == 4)}
     chosen, picks = choose(first, second, spec, val)
     assert not [c for c in chosen if c.algo == "asgd" and c.options["workers"] == 4]
     assert [p["chosen"] for p in picks if p["algo"] == "asgd" and p["cell"]["workers"] == 4] == [None]
@@ -80,16 +82,19 @@ def test_a_failed_selection_run_is_never_selected_and_is_listed(tmp_path):
     cells, spec, _ = cells_of(tmp_path)
     first, second = split(cells, spec)
     asgd4 = [c for c in first if c.algo == "asgd" and c.options["workers"] == 4]
-    val = {c.name: 0.5 + c.options["lr"] for c in first}           # lr 0.1 is the best everywhere
+    results = {c.name: {"final_val_acc": 0.5 + c.options["lr"], "final_test_acc": 0.5}
+               for c in first}                                     # lr 0.1 is the best everywhere
     bad = next(c.name for c in asgd4 if c.options["lr"] == 0.1)
-    chosen, picks = choose(first, second, spec, val, {bad: "diverged (summary.json)"})
+    results[bad]["diverged"] = True
+    chosen, picks = choose(first, second, spec, results)
     assert {c.options["lr"] for c in chosen if c.algo == "asgd" and c.options["workers"] == 4} == {0.01}
     assert {c.options["lr"] for c in chosen if c.algo == "asgd" and c.options["workers"] == 2} == {0.1}
     (pick,) = [p for p in picks if p["algo"] == "asgd" and p["cell"]["workers"] == 4]
     failed = {s["tuned"]["lr"]: (s["failed"], s["failure_rate"]) for s in pick["scores"]}
     assert failed == {0.01: ({}, "0 of 1 diverged"), 0.1: ({0: "diverged (summary.json)"}, "1 of 1 diverged")}
-    del val[bad]                                  # a NaN accuracy is written as null: the grid has no value
-    chosen, picks = choose(first, second, spec, val, {c.name: "final validation accuracy is not finite" for c in asgd4})
+    for c in asgd4:                               # a NaN accuracy is written as null
+        results[c.name] = {"final_val_acc": None, "final_test_acc": None}
+    chosen, picks = choose(first, second, spec, results)
     assert not [c for c in chosen if c.algo == "asgd" and c.options["workers"] == 4]
     assert [p["chosen"] for p in picks if p["algo"] == "asgd" and p["cell"]["workers"] == 4] == [None]
 
@@ -99,7 +104,8 @@ def test_stage_two_reads_divergence_and_chance_from_the_grid_records(tmp_path):
     cells, spec, _ = cells_of(tmp_path)
     first, second = split(cells, spec)
     sgd = {c.options["lr"]: c.name for c in first if c.algo == "sgd"}
-    records = {c.name: {"name": c.name, "status": "done", "final_val_acc": 0.8, "diverged": False} for c in cells}
+    records = {c.name: {"name": c.name, "status": "done", "final_val_acc": 0.8, "final_test_acc": 0.8,
+                        "diverged": False} for c in cells}
     records[sgd[0.1]].update(final_val_acc=0.9, diverged=True)      # the best accuracy, but diverged
     runner = type("Runner", (), {"records": records, "actions": {c.name: "run" for c in cells},
                                  "write": lambda self: None})()

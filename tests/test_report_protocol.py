@@ -11,22 +11,9 @@ from stalegrad.errors import UsageError
 from stalegrad.report import write_report
 from stalegrad.stats import t_interval
 
+from helpers import fake_run as fake
+
 SEEDS = range(6)
-
-
-def fake(root, algo, lr, seed, test, val=None, workers=4, **params):
-    d = root / f"{algo}-M{workers}-lr{lr}-{'-'.join(f'{k}{v}' for k, v in params.items())}-s{seed}"
-    d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"algorithm": {"name": algo, **params}, "workers": workers, "lr": lr,
-                                               "seed": seed, "runtime": {"name": "sim"}}))
-    (d / "metrics.jsonl").write_text(
-        json.dumps({"virtual_s": 0.0, "wall_s": 0.0, "test_acc": 0.1, "samples": 0}) + "\n"
-        + json.dumps({"virtual_s": 10.0, "wall_s": 1.0, "test_acc": test, "samples": 1}) + "\n")
-    summary = {"final_test_acc": test, "best_test_acc": test}
-    if val is not None:
-        summary.update(final_val_acc=val, best_val_acc=val)
-    (d / "summary.json").write_text(json.dumps(summary))
-    (d / "staleness.json").write_text("{}")
 
 
 # test accuracy per (algorithm, lr) and seed: the known truth of the synthetic grid
@@ -120,7 +107,7 @@ def test_a_failed_run_is_never_selected_and_its_failure_is_counted(tmp_path):
     assert scores[0.3]["failure_rate"] == "2 of 2 diverged" and "at chance" in scores[0.3]["failed"]["1"]
     assert scores[0.03]["failure_rate"] == "0 of 2 diverged"
     assert sel["report_failure_rate"] == "1 of 2 diverged" and sel["report_failed"] == {"3": "diverged (summary.json)"}
-    assert "| asgd | all runs | lr 0.03 | 0.8000 | -; 1 of 2 diverged |" in md
+    assert "| asgd | all runs | lr 0.03 | validation | 0.8000 | -; 1 of 2 diverged |" in md
 
 
 def test_a_selected_value_at_the_grid_edge_is_warned(tmp_path):
@@ -247,3 +234,39 @@ def test_a_cell_is_labelled_by_the_settings_that_tell_cells_apart_not_by_an_algo
     wheres = sorted(s["where"] for s in p["selections"])
     assert wheres == ["all runs", "lam0=0.5", "lam0=2.0"]
     assert "eps=" not in md
+
+
+def test_mixed_runs_select_each_cell_on_validation_where_its_runs_have_it(tmp_path):
+    """Issue 32: runs with a validation split beside runs without one. The cells with it select on validation
+    (the trap: asgd lr 0.1 has the best TEST accuracy on the selection seeds, lr 0.03 the best validation
+    accuracy), the others on test accuracy, and the report says which, cell by cell."""
+    build(tmp_path / "runs" / "val")                          # workers 4 (sgd 1), --val-split
+    for lr in (0.03, 0.1):
+        for s in SEEDS:
+            fake(tmp_path / "runs" / "noval", "asgd", lr, s, acc("asgd", lr, s), workers=8)
+    p, md = protocol(tmp_path, select_seeds=[0, 1, 2], report_seeds=[3, 4, 5])
+    on = {(s["algo"], s["cell"].get("workers")): (s["selected_on"], s["statistic"], s["tuned"]["lr"])
+          for s in p["selections"]}
+    assert on[("asgd", 4)] == ("validation", "final_val_acc", 0.03)
+    assert on[("asgd", 8)] == ("TEST", "final_test_acc", 0.03)
+    assert on[("sgd", 1)][:2] == on[("dcasgd-a", 4)][:2] == ("validation", "final_val_acc")
+    assert p["selected_on"] == "mixed"
+    assert "## Protocol: selected on validation accuracy where the runs have a validation split, on TEST accuracy " \
+           "in 1 of 4 cells (no --val-split): not a valid protocol there" in md
+    assert "| asgd | workers=4 | lr 0.03 | validation |" in md and "| asgd | workers=8 | lr 0.03 | **TEST** |" in md
+    assert any("selected on TEST accuracy in 1 of 4 cells (asgd workers=8)" in w for w in p["warnings"])
+
+
+def test_a_grid_and_its_report_select_with_one_rule(tmp_path):
+    """stages.choose (a grid's stage 2) and the report choose the statistic of a cell alike: validation where
+    every run of the cell has it (report_protocol.with_statistic)."""
+    from stalegrad.report_protocol import with_statistic
+    cands = [{"algo": "asgd", "setting": {"lr": lr, "workers": 4}, "summaries": {0: {"final_val_acc": 0.5,
+                                                                                    "final_test_acc": 0.6}}}
+             for lr in (0.1, 0.3)]
+    cands.append({"algo": "asgd", "setting": {"lr": 0.1, "workers": 8}, "summaries": {0: {"final_test_acc": 0.6}}})
+    cands.append({"algo": "asgd", "setting": {"lr": 0.3, "workers": 8}, "summaries": {0: {"final_val_acc": 0.1,
+                                                                                         "final_test_acc": 0.6}}})
+    stat = with_statistic(cands, ["lr"])
+    assert stat == {("asgd", (("workers", 4),)): "final_val_acc", ("asgd", (("workers", 8),)): "final_test_acc"}
+    assert [c["values"] for c in cands] == [{0: 0.5}, {0: 0.5}, {0: 0.6}, {0: 0.6}]

@@ -691,3 +691,13 @@ def test_train_help_says_out_is_not_needed_with_resume(capsys):
     assert code == 0
     help_of_out = " ".join(out.split("--out DIRECTORY", 1)[1].split("--resume DIRECTORY", 1)[0].split())
     assert "[required]" not in help_of_out and "unless --resume" in help_of_out
+
+
+def test_a_refused_run_removes_every_directory_it_created(tmp_path):
+    """--out a/new/run creates a/new too: a command refused after the directory was made (here the window
+    is larger than the budget, found once the data is read) leaves neither behind (a fuzz case)."""
+    from stalegrad.cli import main
+    code = main(["train", "--dataset", "synthetic", "--quiet", "--algo", "agn", "--epochs", "0.05",
+                 "--out", str(tmp_path / "new" / "run")])
+    assert code == 2
+    assert list(tmp_path.iterdir()) == []

@@ -13,21 +13,19 @@ run as Ray tasks on a cluster (``grid_ray.py``), joined and checked before DIR i
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import json
 import os
-import tomllib
 from collections import Counter
 from pathlib import Path
 
 import click
 
 from ..errors import ConfigError, RunError, StalegradError, UsageError
-from ..grid import Cell, Grid, toml_value
+from ..grid import Cell, Grid
 from ..progress import count, eta
-from ..results import is_finished
-from ..stages import choose, failed_runs, split
+from ..stages import choose, split
+from .grid_dir import check_layout, lock, plan
 
 
 def _echo_err(line: str) -> None:
@@ -87,7 +85,10 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, addres
     if out_dir is not None:
         check_layout(out_dir, report=not no_report)
     check_cluster_options(g, address, cpus_per_cell, tensorboard, connect_timeout)
-    actions = plan(g, out_dir, rerun_changed) if out_dir is not None else None
+    notes: list[str] = []
+    actions = plan(g, out_dir, rerun_changed, notes) if out_dir is not None else None
+    for line in notes:
+        _echo_err(f"grid: note: {line}")
     if dry_run:
         return _list(g, actions)
     check_data(g.path, [c for c in g.cells if actions[c.name] != "skip"], here=address is None)
@@ -117,11 +118,18 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, addres
 def _run(g: Grid, out_dir: Path, rerun_changed: bool, cluster, jobs: int | None, threads: int, tensorboard):
     """Lock DIR and run the grid's stages, here (``GridRun``) or on ``cluster`` (``grid_ray.RayGridRun``)."""
     from ..grid import GridRun
+    created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"--out {out_dir}: cannot create it ({e.strerror})") from None
-    fd = lock(out_dir)
+    try:
+        fd = lock(out_dir)
+    except StalegradError:
+        if created:   # (a lock that could not be written: nothing is left of this command)
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
     try:
         actions = plan(g, out_dir, rerun_changed)     # again, under the lock
         spec = g.report.get("protocol")
@@ -183,9 +191,10 @@ def _stage_two(runner, first: list[Cell], second: list[Cell], spec: dict) -> lis
     """The reporting-seed cells of the settings stage 1 selected (``stages.choose``); the others are
     recorded as not selected, with the setting that was."""
     records = [runner.records[c.name] for c in first]
-    val = {r["name"]: r["final_val_acc"] for r in records
-           if r["status"] in ("done", "skipped") and r.get("final_val_acc") is not None}
-    chosen, picks = choose(first, second, spec, val, failed_runs(records))
+    results = {r["name"]: {k: r[k] for k in ("final_val_acc", "final_test_acc", "diverged")
+                                if k in r} for r in records
+               if r["status"] in ("done", "skipped") and "final_test_acc" in r}   # (its summary.json was read)
+    chosen, picks = choose(first, second, spec, results)
     names = {c.name for c in chosen}
     for c in second:
         if c.name in names:
@@ -230,8 +239,9 @@ def _list(g: Grid, actions: dict | None) -> None:
     for c in first:
         click.echo(f"  {c.name:<{width}}  {shown[actions[c.name]]}" if actions else f"  {c.name}")
     todo = sum(actions[c.name] != "skip" for c in first) if actions else len(first)
-    if second:   # as many settings as stage 1 will select: choose() with every score equal
-        most = len(choose(first, second, spec, {c.name: 0.0 for c in first})[0])
+    if second:   # as many settings as stage 1 will select: choose() with every score equal (and no run failed)
+        most = len(choose(first, second, spec, {c.name: {"final_val_acc": 1.0, "final_test_acc": 1.0}
+                                                 for c in first})[0])
         click.echo(f"stage 2 of 2, the reporting seeds {', '.join(map(str, spec['report_seeds']))}: {most} of the "
                    f"{len(second)} cells, those of the settings stage 1 selects (one per algorithm and cell)")
         todo = f"{todo} + {most}"
@@ -254,7 +264,8 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
                          f"{out_dir / 'runs'}")
     try:
         write_report(run_dirs, out_dir / "report", **g.report, given_in=f"the [report] table of {g.path}",
-                     on_skip=lambda d, why: _echo_err(f"grid: report: skipped {d}: {why}"))
+                     on_skip=lambda d, why: _echo_err(f"grid: report: skipped {d}: {why}"),
+                     on_warning=lambda line: _echo_err(f"grid: warning: {line}"))
     except StalegradError as e:
         raise RunError(f"the runs are done, but the report failed: {' '.join(str(e).split())}") from None
     _echo_err(f"grid: report -> {out_dir / 'report'}")
@@ -264,56 +275,6 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
         edges = []
     for line in edges:
         _echo_err(f"grid: warning: {line}")
-
-
-def check_layout(out: Path, report: bool = True) -> None:
-    """Refuse a DIR whose entries the grid writes are of the wrong kind (``cells`` a file, ...), before
-    anything is created."""
-    dirs = ("runs", "cells", "logs") + (("report",) if report else ())
-    for name in dirs + ("grid.json", ".grid.lock"):
-        path = out / name
-        wrong = (not path.is_dir()) if name in dirs else path.is_dir()
-        if path.exists() and wrong:
-            kind = "directory" if name in dirs else "file"
-            raise UsageError(f"--out {out}: {path} is not a {kind}, and the grid writes a {kind} there; "
-                             "move it away, or choose another --out")
-
-
-def changed_key(old: dict, new: dict) -> str | None:
-    """The first option that differs between two cells' options, as ``key = old -> new``."""
-    for k in dict.fromkeys([*new, *old]):
-        if old.get(k) != new.get(k):
-            show = lambda d: toml_value(d[k]) if k in d else "(not set)"   # noqa: E731
-            return f"{k} = {show(old)} -> {show(new)}"
-    return None
-
-
-def plan(g: Grid, out: Path, rerun_changed: bool = False) -> dict[str, str]:
-    """What each cell needs in ``out``: ``skip`` (its run is finished: ``results.is_finished``), ``rerun``
-    (an unfinished run, or changed options with ``rerun_changed``) or ``run``. A finished cell
-    whose options the file now changes (a [fixed] value) is an error: its results would be mixed up
-    with the new ones."""
-    actions, changed = {}, []
-    for cell in g.cells:
-        run_dir = out / "runs" / cell.name
-        if not is_finished(run_dir):
-            actions[cell.name] = "rerun" if run_dir.exists() else "run"
-            continue
-        actions[cell.name] = "skip"
-        try:
-            old = tomllib.loads((out / "cells" / f"{cell.name}.toml").read_text())
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-            continue     # no record of its options: trust the finished run
-        diff = changed_key(old, tomllib.loads(cell.toml))
-        if diff:
-            changed.append((cell.name, diff))
-            actions[cell.name] = "rerun"
-    if changed and not rerun_changed:
-        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise UsageError(f"{g.path}: cell {changed[0][0]} already ran in {out} with other options "
-                         f"({changed[0][1]}){more}; pass --rerun-changed to run such cells again, or choose "
-                         "another --out")
-    return actions
 
 
 def check_data(path, cells: list[Cell], here: bool = True) -> None:
@@ -377,20 +338,3 @@ def default_jobs(cells: list[Cell], cores: int) -> int:
     except (ValueError, OSError, AttributeError):
         memory_gib = 2.0 * cores
     return max(1, min(cores, int(memory_gib // 2)))
-
-
-def lock(out: Path) -> int:
-    """An exclusive lock on ``out``: one grid at a time (the kernel drops it when the process ends)."""
-    try:
-        fd = os.open(out / ".grid.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise UsageError(f"--out {out}: cannot write there ({e.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise UsageError(f"--out {out}: another grid (PID {holder}) is running there; wait for it to end") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd

@@ -36,9 +36,11 @@ class _Failed(click.ClickException):
 @click.option("--heatmap", default=None, metavar="X,Y",
               help="the heat map's two settings  [default: workers,window if both vary, else the two with most values]")
 @click.option("--select-seeds", default=None, metavar="SEEDS",
-              help="seeds the selection sees, e.g. 0-2 or 0,1,2  [default: every seed not in --report-seeds]")
+              help="seeds the selection sees, e.g. 0-2 or 0,1,2 (at most 10000 seeds)  [default: every seed not in "
+                   "--report-seeds]")
 @click.option("--report-seeds", default=None, metavar="SEEDS",
-              help="seeds whose test accuracy is reported for the selected settings, e.g. 3-9  [default: every "
+              help="seeds whose test accuracy is reported for the selected settings, e.g. 3-9 (at most 10000)  "
+                   "[default: every "
                    "seed not in --select-seeds; given neither, both are every seed, and the report says so]")
 @click.option("--tune", default=None, metavar="AXES",
               help="the settings selected over, e.g. lr,lam,lam0  [default: lr]")
@@ -52,9 +54,11 @@ def report(dirs, out, target, baseline, variant, time_model, heatmap, select_see
     """Which algorithm, under which staleness, reaches which accuracy, how fast: tables and plots over seeds.
 
     The protocol section selects, per algorithm and cell, the --tune settings with the highest mean final
-    validation accuracy over --select-seeds (runs made with --val-split; without one it selects on test
-    accuracy and says that this is not a valid protocol), reports their test accuracy on --report-seeds
-    with 95% intervals, tests the claims (--compare, --closure) and warns of selected values at a grid edge.
+    validation accuracy over --select-seeds (runs made with --val-split; a cell whose runs have none is
+    selected on test accuracy, and the report says, cell by cell, that this is not a valid protocol),
+    reports their test accuracy on --report-seeds with 95% intervals, tests the claims (--compare,
+    --closure) and warns of selected values at a grid edge. A claim that names no algorithm, compares one
+    with itself or tunes the seed is refused; one the runs cannot evaluate is a warning line.
 
     Temporal efficiency (Hermans et al.): with --time-model, the workers' training accuracy over modelled
     cluster time, in which each algorithm runs at its measured cost (seconds per local step and per commit),
@@ -68,6 +72,9 @@ def report(dirs, out, target, baseline, variant, time_model, heatmap, select_see
 
     def skipped(run_dir, reason):
         click.echo(f"stalegrad: warning: skipped {run_dir}: {reason}", err=True)
+
+    def warn(line):
+        click.echo(f"stalegrad: warning: {line}", err=True)
     both = set(seed_list("--select-seeds", select_seeds) or ()) & set(seed_list("--report-seeds", report_seeds) or ())
     if both:
         raise click.UsageError(f"--select-seeds and --report-seeds share seed {min(both)}; keep them apart, "
@@ -80,7 +87,7 @@ def report(dirs, out, target, baseline, variant, time_model, heatmap, select_see
         if variant is None:
             variant = "workers-modelled" if time_model is not None else "central"
         path = write_report(list(dirs), out, target=target, baseline=baseline, variant=variant, heatmap=heatmap,
-                            on_skip=skipped, protocol=protocol, time_model=time_model)
+                            on_skip=skipped, protocol=protocol, time_model=time_model, on_warning=warn)
     except StalegradError as e:
         raise _Failed(e) from None
     click.echo(f"wrote {path}")
@@ -90,20 +97,30 @@ def names(text: str | None) -> list[str] | None:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
+MAX_SEEDS = 10_000   # a list of seeds is one run per seed and setting: more than this is no protocol, but a typo
+MAX_SEED = 2**32 - 1   # the largest seed a run takes (--seed)
+
+
 def seed_list(flag: str, text: str | None) -> list[int] | None:
-    """``0-2,5`` -> [0, 1, 2, 5]; a one-line usage error (exit 2) for anything else."""
+    """``0-2,5`` -> [0, 1, 2, 5] (at most ``MAX_SEEDS`` seeds, each at most ``MAX_SEED``); a one-line usage
+    error (exit 2) for anything else, found before any list is built."""
     if text is None:
         return None
-    seeds = []
+    ranges = []
     try:
         for part in (p.strip() for p in text.split(",") if p.strip()):
             a, _, b = part.partition("-")
             lo, hi = int(a), int(b) if b else int(a)
             if lo < 0 or hi < lo:
                 raise ValueError
-            seeds += [s for s in range(lo, hi + 1) if s not in seeds]
+            ranges.append((lo, hi))
     except ValueError:
-        seeds = []
-    if not seeds:
+        ranges = []
+    if not ranges:
         raise click.UsageError(f"{flag} {text!r}: give seeds as integers >= 0 and ranges, e.g. 0-2 or 0,1,2")
-    return seeds
+    if (top := max(hi for _, hi in ranges)) > MAX_SEED:
+        raise click.UsageError(f"{flag} {text!r}: seed {top} is larger than any seed a run takes ({MAX_SEED})")
+    if (n := sum(hi - lo + 1 for lo, hi in ranges)) > MAX_SEEDS:
+        raise click.UsageError(f"{flag} {text!r}: {n} seeds, more than the {MAX_SEEDS} a protocol may list; give "
+                               "the seeds the runs have, e.g. 0-2")
+    return list(dict.fromkeys(s for lo, hi in ranges for s in range(lo, hi + 1)))
