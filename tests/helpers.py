@@ -74,16 +74,22 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def ray_head_ip(log, proc, deadline: float) -> str:
-    """The node IP that a `ray start --head --block` (``proc``, writing ``log``, a Path) prints once its
-    runtime is up; fails the test with the log if it is not up by ``deadline`` (time.monotonic())."""
+def ray_started(log, proc, deadline: float) -> str:
+    """The output of a `ray start ... --block` (``proc``, writing ``log``, a Path) once it says "Ray runtime
+    started", which `ray start` prints only after the node is registered with the head (with its
+    resources); fails the test with the log if that has not come by ``deadline`` (time.monotonic())."""
     import time
     while time.monotonic() < deadline and proc.poll() is None:
         text = log.read_text()
         if "Ray runtime started" in text:
-            return text.split("Local node IP: ")[1].split()[0]
-        time.sleep(0.5)
+            return text
+        time.sleep(0.2)
     raise AssertionError(log.read_text())
+
+
+def ray_head_ip(log, proc, deadline: float) -> str:
+    """The node IP that a `ray start --head --block` prints once its runtime is up (``ray_started``)."""
+    return ray_started(log, proc, deadline).split("Local node IP: ")[1].split()[0]
 
 
 class Stop(Exception):

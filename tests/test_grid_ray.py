@@ -28,7 +28,7 @@ pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'ray>=2
 from stalegrad.grid_ray import capacity, install, version_problem  # noqa: E402
 
 from stalegrad.runtimes.ray.connect import probe  # noqa: E402
-from helpers import descendants, ray_head_ip  # noqa: E402
+from helpers import descendants, ray_head_ip, ray_started  # noqa: E402
 from test_ray_cli_cluster import RAY, ROOT, free_port, stop  # noqa: E402
 
 pytestmark = [pytest.mark.cluster,
@@ -74,11 +74,10 @@ def cluster():
         procs.append(subprocess.Popen(
             [RAY, "start", "--address", address, "--num-cpus", "2", "--disable-usage-stats", "--block"],
             env=env, stdout=open(base / "node.log", "w"), stderr=subprocess.STDOUT, start_new_session=True))
+        ray_started(base / "node.log", procs[1], deadline)   # node B has joined (a file read, not a probe a second)
         old = os.environ.get("RAY_AUTH_MODE"), os.environ.get("HOME")
         os.environ.update(RAY_AUTH_MODE="token", HOME=str(base / "home"))   # for probe() in this process
         try:
-            while time.monotonic() < deadline and len(probe(address, timeout=30)["nodes"]) < 2:
-                time.sleep(1)
             assert len(probe(address, timeout=30)["nodes"]) == 2, (base / "node.log").read_text()[-2000:]
         finally:
             for k, v in zip(("RAY_AUTH_MODE", "HOME"), old):
@@ -119,11 +118,13 @@ def session_of(proc: subprocess.Popen) -> int:
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory, cluster):
-    """The same grid file run here without --address (the fixture's env: nothing of Ray is used)."""
+    """The same grid file run here without --address (nothing of Ray is used), by this process: its
+    cells run in subprocesses as the cluster's do, but the grid itself needs no interpreter of its own."""
+    from stalegrad.cli import main
     base = tmp_path_factory.mktemp("local")
     (base / "g.toml").write_text(PROTOCOL)
-    proc = grid(base / "g.toml", "--out", base / "out", "--jobs", "2", "--no-report", env=cluster["env"])
-    assert proc.returncode == 0, proc.stderr
+    code = main(["grid", str(base / "g.toml"), "--out", str(base / "out"), "--jobs", "2", "--no-report"])
+    assert code == 0, [(p.name, p.read_text()[-500:]) for p in (base / "out" / "logs").glob("*.log")]
     return {"out": base / "out", "hashes": hashes(base / "out"), "records": records(base / "out")}
 
 
@@ -181,7 +182,8 @@ def test_a_node_killed_mid_grid_costs_no_cell(cluster, local, tmp_path):
     (tmp_path / "g.toml").write_text(PLAIN)
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:   # until the cluster counts node C's CPUs
+        ray_started(cluster["base"] / "node_c_grid.log", node_c, deadline)   # node C has joined
+        while time.monotonic() < deadline:   # until the cluster counts node C's CPUs (at once, as a rule)
             status = subprocess.run([RAY, "status", "--address", cluster["address"]], env=env, capture_output=True,
                                     text=True, timeout=60).stdout
             if "/4.0 CPU" in status:

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -125,16 +126,25 @@ def stalegrad(*args):
                           timeout=600)
 
 
-def test_the_grid_runs_the_selection_seeds_then_only_what_the_report_selected(tmp_path):
+def grid_here(capsys, *args):
+    """``stalegrad grid ...`` in this process (its cells still run in subprocesses): no interpreter and
+    torch to start for the grid itself."""
+    from stalegrad.cli import main
+    code = main(["grid", *map(str, args)])
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+def test_the_grid_runs_the_selection_seeds_then_only_what_the_report_selected(tmp_path, capsys):
     f = tmp_path / "g.toml"
     f.write_text(GRID.format(epochs=0.3, extra="").replace('"asgd", "dcasgd-c"', '"asgd"').replace(
         "workers = [2, 4]", "workers = [2]").replace('arms = { "placebo" = { algo = "dcasgd-c", lam = 0.0 } }', "")
         .replace('tune = ["lr", "lam"]', 'tune = ["lr"]').replace("lam = [0.0, 1.0, 4.0]\n", ""))
-    dry = stalegrad("grid", str(f), "--dry-run")
+    dry = grid_here(capsys, f, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "stage 2 of 2, the reporting seeds 1, 2: 4 of the 8 cells" in dry.stdout and "(4 + 4 cells to run)" in dry.stdout
     out = tmp_path / "out"
-    proc = stalegrad("grid", str(f), "--out", str(out), "--jobs", "2")
+    proc = grid_here(capsys, f, "--out", out, "--jobs", 2)
     assert proc.returncode == 0, proc.stderr
     assert "grid: 12 cells: 8 run, 0 skipped (already done), 4 not selected (stage 2), none failed" in proc.stdout
     assert "stage 2 of 2 (the reporting seeds of the 2 selected settings): 4 cells, 0 already done, 4 to run" in proc.stderr
@@ -155,5 +165,5 @@ def test_the_grid_runs_the_selection_seeds_then_only_what_the_report_selected(tm
                 and not n.endswith("-s0")} == {best}
         sel = next(s for s in protocol["selections"] if s["algo"] == algo)
         assert sel["tuned"] == {"lr": best} and sel["report_seeds"] == [1, 2]
-    again = stalegrad("grid", str(f), "--out", str(out))
+    again = grid_here(capsys, f, "--out", out)
     assert again.returncode == 0 and "0 run, 8 skipped (already done), 4 not selected" in again.stdout, again.stderr

@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install '
                                         "the Ray runtime's tests need it")
 
 from stalegrad.runtimes.ray.connect import probe  # noqa: E402
-from helpers import ray_head_ip  # noqa: E402
+from helpers import ray_head_ip, ray_started  # noqa: E402
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ray start on Linux")]
@@ -99,15 +99,11 @@ def cluster():
         procs.append(subprocess.Popen(
             [RAY, "start", "--address", address, "--num-cpus", "2", "--disable-usage-stats", "--block"],
             env=node_env, stdout=open(base / "node.log", "w"), stderr=subprocess.STDOUT, start_new_session=True))
+        ray_started(base / "node.log", procs[1], deadline)   # the node has joined (a file read, not a probe a second)
         old = os.environ.get("RAY_AUTH_MODE"), os.environ.get("HOME")
         os.environ.update(RAY_AUTH_MODE="token", HOME=str(home))   # for probe() in this process
         try:
-            while time.monotonic() < deadline:
-                if len(probe(address, timeout=30)["nodes"]) == 2:
-                    break
-                time.sleep(1)
-            else:
-                pytest.fail("the node did not join: " + (base / "node.log").read_text()[-2000:])
+            assert len(probe(address, timeout=30)["nodes"]) == 2, (base / "node.log").read_text()[-2000:]
         finally:
             for k, v in zip(("RAY_AUTH_MODE", "HOME"), old):
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -170,12 +166,12 @@ def test_a_node_killed_mid_run_costs_one_line_of_ours_and_none_of_rays(cluster, 
     out = tmp_path / "run"
     try:
         deadline = time.monotonic() + 120
-        while (raylet := subprocess.run(["pgrep", "-P", str(node_c.pid), "-f", "raylet"], capture_output=True,
-                                        text=True).stdout.split()) == [] and time.monotonic() < deadline:
-            time.sleep(0.5)
+        ray_started(cluster["base"] / "node_c.log", node_c, deadline)   # node c has joined
+        raylet = subprocess.run(["pgrep", "-P", str(node_c.pid), "-f", "raylet"], capture_output=True,
+                                text=True).stdout.split()
         assert raylet, (cluster["base"] / "node_c.log").read_text()
         env = dict(cluster["env"])
-        while time.monotonic() < deadline:   # until the cluster counts node c's CPU
+        while time.monotonic() < deadline:   # until the cluster counts node c's CPU (at once, as a rule)
             check = subprocess.run([RAY, "status", "--address", cluster["address"]], env=env, capture_output=True,
                                    text=True, timeout=60)
             if "/3.0 CPU" in check.stdout:

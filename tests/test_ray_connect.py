@@ -18,6 +18,7 @@ import stalegrad as sg  # noqa: E402
 from stalegrad.cli import main  # noqa: E402
 from stalegrad.errors import ConfigError  # noqa: E402
 from stalegrad.runtimes import RayRuntime  # noqa: E402
+from stalegrad.runtimes.ray import connect  # noqa: E402
 from stalegrad.runtimes.ray.connect import placement_problem, split_address, wait_started  # noqa: E402
 
 from helpers import TEST, TRAIN  # noqa: E402
@@ -82,17 +83,57 @@ def test_custom_resources_cannot_be_placed_on_the_local_instance():
     assert not ray.is_initialized()
 
 
-# ---- waiting for the actors to start (Ray mocked) ------------------------------------------------
-class SlowRay:
-    """Ray as wait_started sees it: nothing answers for one wait, then everything; ``free`` resources."""
+def fake_cluster(monkeypatch, nodes):
+    monkeypatch.setattr(RayRuntime, "cluster_nodes", lambda self: (nodes, f"the Ray cluster at {self.address}"))
+
+
+@pytest.mark.parametrize("cpus,fix", [
+    ("1.5", "give a smaller --cpus-per-worker, or add a node"),
+    ("1", "give at most 2 with --workers, a smaller --cpus-per-worker, or add a node")])
+def test_a_cluster_that_cannot_place_the_workers_names_each_fix_with_its_verb(monkeypatch, tmp_path, capsys,
+                                                                             cpus, fix):
+    # issue 33: "...; a smaller --cpus-per-worker, or add a node" (no verb) where no worker fit at all
+    fake_cluster(monkeypatch, [node(CPU=1), node(CPU=1)])
+    code = main(["train", "--runtime", "ray", "--address", "10.0.0.5:6379", "--workers", "3", "--cpus-per-worker",
+                 cpus, "--dataset", "digits", "--model", "logreg", "--out", str(tmp_path / "run"), "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.endswith(f"; {fix} (`ray start --address 10.0.0.5:6379 --num-cpus N`; a head started with "
+                        "--num-cpus 0 runs no worker)\n"), err
+    assert not (tmp_path / "run").exists()
+    fake_cluster(monkeypatch, [node(CPU=2, GPU=1)])
+    with pytest.raises(ConfigError, match=r"; give a smaller cpus_per_worker, a smaller gpus_per_worker \(0.5 puts "
+                                          r"two on one GPU\), or add a node \(`ray start --address h:1 --num-cpus N "
+                                          r"--num-gpus G`; a head"):
+        RayRuntime(address="h:1", cpus_per_worker=1.5, gpus_per_worker=2).check_placement(2)
+    fake_cluster(monkeypatch, [node(CPU=2, wk=1)])
+    with pytest.raises(ConfigError, match=r"can place 1 at a time: .*; give at most 1 with workers, or add a node "
+                                          r"\(`ray start --address h:1 --resources"):
+        RayRuntime(address="h:1", worker_resources={"wk": 1}).check_placement(2)
+
+
+# ---- waiting for the actors to start (Ray mocked, on a fake clock) --------------------------------
+class StartingRay:
+    """Ray as wait_started sees it, on a clock of its own: ``ray.wait(refs, num_returns, timeout)``
+    returns once ``num_returns`` refs have answered or at its timeout, whichever comes first, with the
+    refs that answered by then (Ray's semantics); actor ``name`` answers its ping at ``answers[name]``
+    seconds; ``free`` resources."""
     exceptions = ray.exceptions
 
-    def __init__(self, free):
-        self.free, self.waits = free, 0
+    def __init__(self, answers: dict, free: dict):
+        self.answers, self.free, self.now = answers, free, 0.0
+
+    def monotonic(self):   # (stands in for connect.py's time module)
+        return self.now
+
+    def actor(self, name):
+        return SimpleNamespace(ping=SimpleNamespace(remote=lambda: name))
 
     def wait(self, refs, num_returns, timeout):
-        self.waits += 1
-        return (refs, []) if self.waits > 1 else ([], refs)
+        all_answered = sorted(self.answers[r] for r in refs)[num_returns - 1]
+        self.now = min(max(self.now, all_answered), self.now + timeout)
+        ready = [r for r in refs if self.answers[r] <= self.now]
+        return ready, [r for r in refs if r not in ready]
 
     def get(self, ref):
         return None
@@ -101,16 +142,61 @@ class SlowRay:
         return self.free
 
 
-def test_actors_that_start_slowly_are_not_said_to_wait_for_taken_resources():
-    actors = {m: SimpleNamespace(ping=SimpleNamespace(remote=object)) for m in range(2)}
-    said = []
-    assert wait_started(SlowRay({"CPU": 1.0}), [], actors, CPU1, said.append) == []
-    assert said == ["still starting 2 worker and 0 shard actors after 30 s (a loaded machine starts them slowly)"]
+def started(monkeypatch, answers, free):
+    """wait_started on StartingRay: the notices, each with the (fake) time it was said at."""
+    fake, said = StartingRay(answers, free), []
+    monkeypatch.setattr(connect, "time", fake)
+    shards = [fake.actor(n) for n in answers if n.startswith("shard")]
+    actors = {int(n[6:]): fake.actor(n) for n in answers if n.startswith("worker")}
+    assert wait_started(fake, shards, actors, CPU1, lambda text: said.append((fake.now, text))) == []
+    return said
+
+
+def test_actors_that_start_slowly_are_not_said_to_wait_for_taken_resources(monkeypatch):
+    said = started(monkeypatch, {"worker0": 45.0, "worker1": 45.0}, {"CPU": 1.0})
+    assert said == [(30.0, "still starting 2 worker and 0 shard actors after 30 s (a loaded machine starts them "
+                           "slowly)")]
     # no room left: the run's own starting actors may hold it, or other jobs; Ray does not say which
-    said = []
-    assert wait_started(SlowRay({"CPU": 0.0}), [], actors, CPU1, said.append) == []
-    assert said == ["still waiting for 2 worker and 0 shard actors after 30 s: they are starting (slowly on a "
-                    "loaded machine), or waiting for resources that other jobs hold (see `ray status`)"]
+    said = started(monkeypatch, {"worker0": 45.0, "worker1": 45.0}, {"CPU": 0.0})
+    assert said == [(30.0, "still waiting for 2 worker and 0 shard actors after 30 s: they are starting (slowly "
+                           "on a loaded machine), or waiting for resources that other jobs hold (see `ray status`)")]
+
+
+def test_the_notice_comes_on_time_and_names_the_time_waited_when_the_shards_answer_at_once(monkeypatch):
+    # issue 33: a second run on a cluster that a first run fills. Its zero-CPU shard answers at once, its
+    # workers wait for CPUs: a ray.wait of 30 s returned the shard at 30 s, the notice came after the next
+    # wait (at 60 s), and said "after 30 s"
+    said = started(monkeypatch, {"shard0": 0.2, "worker0": 75.0, "worker1": 75.0}, {"CPU": 0.0})
+    assert [(t, text.split(":")[0]) for t, text in said] == [
+        (30.0, "still waiting for 2 worker and 0 shard actors after 30 s"),
+        (60.0, "still waiting for 2 worker and 0 shard actors after 60 s")]
+    # everything answers before the first notice is due: nothing is said
+    assert started(monkeypatch, {"shard0": 0.2, "worker0": 29.0}, {"CPU": 0.0}) == []
+
+
+# ---- Ray's notices at ray.init --------------------------------------------------------------------
+def test_rays_token_notice_at_init_goes_to_the_sessions_logs_not_the_terminal(tmp_path):
+    # issue 33: with RAY_AUTH_MODE unset, a local ray.init logs "Token authentication is enabled for this
+    # Ray cluster ..." to the stderr handler that Ray puts on its "ray" logger (configure_logging=False or not)
+    import logging
+
+    from ray._private.authentication import authentication_token_setup as auth
+    calls, seen = [], []
+    fake = SimpleNamespace(init=lambda **kw: (calls.append(kw), auth._warn_token_auth_enabled()),
+                           _private=SimpleNamespace(worker=SimpleNamespace(_global_node=SimpleNamespace(
+                               get_logs_dir_path=lambda: str(tmp_path)))))
+    beside_rays = logging.Handler()   # where Ray's own handler sits
+    beside_rays.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger("ray").addHandler(beside_rays)
+    try:
+        connect.init_quietly(fake, address="local", num_cpus=1)
+        assert calls == [{"address": "local", "num_cpus": 1}] and seen == []
+        log = (tmp_path / "stalegrad-ray-errors.log").read_text()
+        assert "(WARNING) Token authentication is enabled for this Ray cluster" in log
+        auth._warn_token_auth_enabled()   # afterwards the logger is as it was
+        assert len(seen) == 1 and seen[0].startswith("Token authentication is enabled")
+    finally:
+        logging.getLogger("ray").removeHandler(beside_rays)
 
 
 # ---- connecting, bounded ------------------------------------------------------------------------

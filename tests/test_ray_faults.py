@@ -74,8 +74,10 @@ DRIVER = textwrap.dedent("""
 @pytest.mark.parametrize("handler", ["python", "SIG_DFL"])
 def test_ctrl_c_on_the_driver_leaves_no_process_and_no_shared_memory(handler):
     ray_before, shm_before = pgrep(RAY_PROCESSES), set(os.listdir("/dev/shm"))
+    # RAY_AUTH_MODE unset, as a user's is: Ray then turns tokens on itself and logs a notice (issue 33)
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}, "RAY_ADDRESS": ""}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, handler], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=Path(__file__).resolve().parents[1], env={**os.environ, "RAY_ADDRESS": ""})
+                            text=True, cwd=Path(__file__).resolve().parents[1], env=env)
     try:
         assert proc.stdout.readline().strip() == "training", proc.stderr.read()   # a run under way
         kids = descendants(proc.pid)   # gcs_server, raylet and, below it, the actors' workers
@@ -89,9 +91,8 @@ def test_ctrl_c_on_the_driver_leaves_no_process_and_no_shared_memory(handler):
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 and took < 30, err
-    assert "Traceback" not in err and err.splitlines()[-1] == "interrupted", err
-    # ours, and at most one line of Ray's own at start-up (e.g. its token-authentication notice)
-    assert len([line for line in err.splitlines() if line.strip()]) <= 2, err
+    # ours only: Ray's token-authentication notice at start-up goes to the session's logs
+    assert [line for line in err.splitlines() if line.strip()] == ["interrupted"], err
     assert left(kids, timeout=10) == []
     # Ray processes that started meanwhile and were orphaned (a Ray of another test, running now,
     # has a live parent: not ours)

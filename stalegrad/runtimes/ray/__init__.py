@@ -28,9 +28,10 @@ unknown host, unreachable, a rejected token each end in one line), and its
 nodes must be able to place every worker and shard at once
 (``connect.placement_problem``); so must a Ray the caller initialised, and a
 local instance (GPUs, custom resources). Ray's own fault reports ("Raylet is
-terminated ...", "(raylet) A worker died ...") go to the session's log
-directory (``stalegrad-ray-errors.log``), not the terminal; the driver prints
-one line per fault.
+terminated ...", "(raylet) A worker died ...") and its token notice at start-up
+("Token authentication is enabled for this Ray cluster ...") go to the session's
+log directory (``stalegrad-ray-errors.log``), not the terminal; the driver
+prints one line per fault.
 
 Placement: ``worker_resources`` and ``shard_resources`` (e.g. ``{"gpu_box": 1}``)
 are custom Ray resources that each worker actor, respectively each server
@@ -48,7 +49,8 @@ from dataclasses import dataclass
 
 from ...errors import ConfigError, check_finite_positive
 from ..base import Training
-from .connect import CONNECT_TIMEOUT, divert_ray_errors, placement_problem, probe, session_logs, split_address
+from .connect import (CONNECT_TIMEOUT, divert_ray_errors, init_quietly, placement_problem, probe, session_logs,
+                      split_address)
 
 RESTART_TIMEOUT = 10.0
 # The local instance that run() starts passes objects of up to this many bytes (a small model's
@@ -150,19 +152,19 @@ class RayRuntime:
                                                  f"{problem['placed']} of the {self.ps_shards} shards (its nodes offer "
                                                  f"{problem['offer']}); give fewer ps_shards, or start a node with "
                                                  f"`{join} --resources '{{\"NAME\": N}}'`")
-        fixes = [f"give at most {problem['placed']} with workers"] if problem["placed"] else []
+        gives = [f"at most {problem['placed']} with workers"] if problem["placed"] else []
         short = problem["short"]
         if "CPU" in short:
-            fixes.append("a smaller cpus_per_worker")
+            gives.append("a smaller cpus_per_worker")
         if "GPU" in short:
-            fixes.append("a smaller gpus_per_worker (0.5 puts two on one GPU)")
+            gives.append("a smaller gpus_per_worker (0.5 puts two on one GPU)")
         add = " --num-cpus N" * ("CPU" in short) + " --num-gpus G" * ("GPU" in short) + \
             (" --resources '{\"NAME\": N}'" if set(short) - {"CPU", "GPU"} else "")
-        fixes.append(f"or add a node (`{join}{add}`; a head started with --num-cpus 0 runs no worker)")
-        fixes[0] = fixes[0].replace("or add", "add") if len(fixes) == 1 else fixes[0]
+        fix = f"add a node (`{join}{add}`; a head started with --num-cpus 0 runs no worker)"
+        fix = f"give {', '.join(gives)}, or {fix}" if gives else fix
         raise ConfigError("workers", f"is {workers}, but {where} can place {problem['placed'] or 'none'} at a time: "
                                      f"each asks for {problem['asks']}, and its nodes offer {problem['offer']}; "
-                                     f"{', '.join(fixes)}", mentions=("workers",))
+                                     f"{fix}", mentions=("workers",))
 
     def describe(self) -> dict:
         out = {"name": "ray", "address": self.address, "ps_shards": self.ps_shards,
@@ -198,7 +200,7 @@ class RayRuntime:
                         kwargs["_system_config"] = dict(LOCAL_SYSTEM_CONFIG)
                     started = True
                     # "local": a new instance, never one that RAY_ADDRESS or `ray start` points at
-                    ray.init(address="local" if self.address is None else self.address, **kwargs)
+                    init_quietly(ray, address="local" if self.address is None else self.address, **kwargs)
                 restore = divert_ray_errors(session_logs(ray))
                 driver = self.make_driver(training, resume)
                 driver.start()

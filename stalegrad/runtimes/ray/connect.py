@@ -15,6 +15,7 @@ placed are refused instead of waited for.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import socket
@@ -203,6 +204,44 @@ def divert_ray_errors(log_dir: str | None):
     return restore
 
 
+# Ray's notices at ray.init, printed by the handler Ray puts on its "ray" logger when imported, whatever
+# configure_logging says: "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled
+# ..." on every local instance started with RAY_AUTH_MODE unset (Ray then turns tokens on itself), and on
+# joining a cluster with a token file here; "... is disabled ..." likewise.
+TOKEN_NOTICES = "ray._private.authentication.authentication_token_setup"
+
+
+class _Held(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ({record.levelname}) {record.getMessage()}")
+
+
+def init_quietly(ray, **kwargs) -> None:
+    """``ray.init(**kwargs)`` with Ray's token notices kept off the terminal: they go to the session's
+    logs (``stalegrad-ray-errors.log``, beside its fault reports) once ``ray.init`` has made them.
+    Errors are not held back: a refused token raises, as before."""
+    logger, held = logging.getLogger(TOKEN_NOTICES), _Held()
+    propagate = logger.propagate
+    logger.addHandler(held)
+    logger.propagate = False
+    try:
+        ray.init(**kwargs)
+    finally:
+        logger.removeHandler(held)
+        logger.propagate = propagate
+    log_dir = session_logs(ray)
+    if held.lines and log_dir:
+        try:
+            with open(os.path.join(log_dir, "stalegrad-ray-errors.log"), "a", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in held.lines)
+        except OSError:
+            pass
+
+
 def session_logs(ray) -> str | None:
     """The logs directory of this driver's Ray session (None where Ray does not say)."""
     try:
@@ -224,14 +263,17 @@ def room_for(ray, request: dict) -> bool:
 def wait_started(ray, shards: list, actors: dict, request: dict, say, every: float = 30.0) -> list:
     """Wait until every shard and worker actor answers a ping; the workers whose actor died meanwhile
     (its node lost while it started). While some have not answered, say so every ``every`` seconds
-    instead of waiting in silence: "still starting" where the cluster has room for one more worker
-    (``request``) now, else both causes, since Ray does not tell an actor that holds its resources and
-    starts slowly (Ray runs actors at nice 15) from one that waits for resources other jobs hold."""
+    instead of waiting in silence, naming the time waited: "still starting" where the cluster has room
+    for one more worker (``request``) now, else both causes, since Ray does not tell an actor that holds
+    its resources and starts slowly (Ray runs actors at nice 15) from one that waits for resources other
+    jobs hold. Each ``ray.wait`` ends at the next notice's time: it returns only at its timeout unless
+    every actor has answered, so the zero-CPU shards, which answer at once, must not restart the count."""
     pending = {s.ping.remote(): None for s in shards}
     pending.update({a.ping.remote(): m for m, a in actors.items()})
-    dead, waited = [], 0.0
+    dead, start = [], time.monotonic()
+    notice = start + every
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=every)
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=max(0.0, notice - time.monotonic()))
         for ref in ready:
             m = pending.pop(ref)
             try:
@@ -240,10 +282,11 @@ def wait_started(ray, shards: list, actors: dict, request: dict, say, every: flo
                 if m is None:
                     raise
                 dead.append(m)
-        if pending and not ready:
-            waited += every
+        now = time.monotonic()
+        if pending and now >= notice:
+            notice = now + every
             workers = sum(m is not None for m in pending.values())
-            what = f"{workers} worker and {len(pending) - workers} shard actors after {waited:g} s"
+            what = f"{workers} worker and {len(pending) - workers} shard actors after {now - start:.0f} s"
             if room_for(ray, request):
                 say(f"still starting {what} (a loaded machine starts them slowly)")
             else:
