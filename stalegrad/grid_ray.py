@@ -174,7 +174,8 @@ class Cluster:
 def connect(address: str, cpus_per_cell: int, connect_timeout: float | None = None) -> Cluster:
     """Join the cluster at ``address`` for a grid, or one line (UsageError, exit 2) saying why not."""
     from .runtimes.ray import ray_module
-    from .runtimes.ray.connect import CONNECT_TIMEOUT, divert_ray_errors, probe, session_logs, split_address
+    from .runtimes.ray.connect import (CONNECT_TIMEOUT, divert_ray_errors, init_quietly, probe, session_logs,
+                                       split_address)
     ray = ray_module()
     split_address(address)
     nodes = probe(address, connect_timeout or CONNECT_TIMEOUT)["nodes"]   # refused, unknown, a token: one line
@@ -185,7 +186,7 @@ def connect(address: str, cpus_per_cell: int, connect_timeout: float | None = No
         raise UsageError(f"--cpus-per-cell is {cpus_per_cell}, but no node of the Ray cluster at {address} has "
                          f"{cpus_per_cell} CPU{'s' * (cpus_per_cell > 1)} (its nodes offer CPU {offer(nodes)}); "
                          f"{smaller}add a node (`{join}`; a head started with --num-cpus 0 runs no cell)")
-    ray.init(address=address, log_to_driver=False, include_dashboard=False, configure_logging=False)
+    init_quietly(ray, address=address, log_to_driver=False, include_dashboard=False, configure_logging=False)
     cluster = Cluster(ray, address, cpus_per_cell, nodes, divert_ray_errors(session_logs(ray)))
     try:
         check_versions(cluster)
