@@ -38,7 +38,7 @@ def test_the_study_grids_are_valid(grid):
 
 
 # ---- synthetic runs ------------------------------------------------------------------------------------
-CLAIMS = """
+CLAIMS_HEAD = """
 [rules]
 alpha = 0.05
 level = 0.95
@@ -48,42 +48,24 @@ failed_at_most = 0.15
 [seeds]
 three = [1, 2, 3]
 
-[[claim]]
-id = "X1"
-question = "Q"
-text = "x ahead of y"
-seeds = "three"
-a = { grid = "g", algo = "x" }
-b = { grid = "g", algo = "y" }
-cells = [{ workers = 4 }]
-direction = 1
-paper = "-"
-
-[[claim]]
-id = "X2"
-question = "Q"
-text = "z ahead of y"
-seeds = "three"
-a = { grid = "g", algo = "z" }
-b = { grid = "g", algo = "y" }
-cells = [{ workers = 4 }]
-direction = 1
-paper = "-"
-
-[[claim]]
-id = "X3"
-question = "Q"
-text = "w ahead of y"
-seeds = "three"
-a = { grid = "g", algo = "w" }
-b = { grid = "g", algo = "y" }
-cells = [{ workers = 4 }]
-direction = 1
-paper = "-"
-
+{claims}
 [thesis]
 cells = []
 """
+CLAIM = """
+[[claim]]
+id = "{id}"
+question = "Q"
+text = "{a} ahead of y"
+seeds = "three"
+a = {{ grid = "g", algo = "{a}" }}
+b = {{ grid = "g", algo = "y" }}
+cells = [{{ workers = 4 }}]
+direction = 1
+paper = "-"
+"""
+CLAIMS = CLAIMS_HEAD.replace("{claims}", "".join(CLAIM.format(id=i, a=a) for i, a in (("X1", "x"), ("X2", "z"),
+                                                                                    ("X3", "w"))))
 
 
 def write_run(root, grid, algo, seed, acc, loss=0.3, workers=4):

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from .._lazy import torch
 
-from .base import elementwise
 from .dcasgd import DCASGDAdaptive
 
 SIGN_SEED = 31   # the control's one sign mask; any fixed value: no run's seed may steer the mask
@@ -43,14 +42,8 @@ class DCASGDAdaptiveScrambled(DCASGDAdaptive):
         state["sign"] = sign_mask(w.numel(), w.device, w.dtype)
         return state
 
-    @elementwise
-    def server_delta(self, state, w, worker, msg, tau, lr, out):
-        g = msg
-        ms = state["mean_square"][worker]
-        ms.mul_(self.ms_momentum).addcmul_(g, g, value=1 - self.ms_momentum)
-        torch.sub(w, state["w_bak"][worker], out=out).mul_(state["sign"]).mul_(g).mul_(g)
-        torch.addcdiv(g, out, ms.add(self.eps).sqrt_(), value=self.lam0, out=out)
-        return self.sgd_step(state, w, out, lr, out)
+    def drift(self, state, w, worker, out):
+        return super().drift(state, w, worker, out).mul_(state["sign"])   # the sign scrambled per coordinate
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old):
-        return None   # no fused kernel: the torch operators above
+        return None   # no fused kernel: the torch operators of DCASGDAdaptive.server_delta

@@ -86,9 +86,14 @@ class DCASGDAdaptive(_DelayCompensated):
         ms = state["mean_square"][worker]
         ms.mul_(self.ms_momentum).addcmul_(g, g, value=1 - self.ms_momentum)
         # out = g + lam0/sqrt(ms+eps) * g*g*(w - w_bak): g*g*(w - w_bak), then one fused addcdiv
-        torch.sub(w, state["w_bak"][worker], out=out).mul_(g).mul_(g)
+        self.drift(state, w, worker, out).mul_(g).mul_(g)
         torch.addcdiv(g, out, ms.add(self.eps).sqrt_(), value=self.lam0, out=out)
         return self.sgd_step(state, w, out, lr, out)
+
+    def drift(self, state, w, worker, out):
+        """``out = w - w_bak[worker]``, how far the weights moved since this worker pulled: the delay the
+        Taylor term compensates (a mechanism control replaces it, ``algorithms.controls``)."""
+        return torch.sub(w, state["w_bak"][worker], out=out)
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old):
         return fused.dcasgd_a_apply(msg, w, state["w_bak"][worker], state["mean_square"][worker],
