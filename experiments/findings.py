@@ -283,7 +283,9 @@ def selections(runs: dict) -> list[str]:
             if lrs["select"] and lrs["report"]:
                 chosen = ", ".join(f"{lr:g}" for lr in sorted(lrs["report"]))
                 among = ", ".join(f"{lr:g}" for lr in sorted(lrs["select"]))
-                out.append(f"| {grid} | {algo} | {workers} | {chosen} (of {among}) |")
+                edge = {min(lrs["select"]): " **at the grid's edge: the smallest**",
+                        max(lrs["select"]): " **at the grid's edge: the largest**"}.get(min(lrs["report"]), "")
+                out.append(f"| {grid} | {algo} | {workers} | {chosen} (of {among}){edge} |")
     return out
 
 
@@ -322,7 +324,8 @@ def render(root: Path) -> str:
         "## Descriptive rows", "", *describe(plan, extra, runs), "", *closure(plan, extra, runs), "",
         "## What the selection seeds chose", "",
         "Selected per algorithm and cell on the mean final validation accuracy of seeds 0, 8, 9 (`stalegrad grid`'s "
-        "first stage), before any reporting seed ran.", "", *selections(runs), "",
+        "first stage), before any reporting seed ran. The plan extends no grid: a rate at an edge is reported as "
+        "such, and the best rate may lie beyond it.", "", *selections(runs), "",
         "## Machine and cost", "", *machine(runs), "",
         "## Changes to the plan", "",
         *([f"- `{c['commit']}` ({c['date']}): {c['why']}" for c in record.get("change", [])] or ["None."]), ""]
