@@ -284,5 +284,6 @@ def test_the_timeouts_are_flags_and_toml_keys_of_the_ray_runtime_only(tmp_path, 
     toml.write_text('runtime = "ray"\nconnect-timeout = 0\n')
     code = main(["train", "--config", str(toml), "--out", str(tmp_path / "b"), "-q"])
     err = capsys.readouterr().err
-    assert code == 2 and "--connect-timeout must be a finite number > 0" in err, err
+    # a value the file gave is named as the file's key, not as a flag that was never typed (issue 32)
+    assert code == 2 and f"{toml}: connect-timeout must be a finite number > 0" in err, err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
