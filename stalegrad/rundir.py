@@ -39,6 +39,7 @@ The guarantees, in the order a run meets them:
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -66,6 +67,7 @@ class RunWriter:
         self.started = False           # committed: the run took its first step and wrote its first file
         self._pending: tuple[dict, list[dict]] | None = None   # start()'s config and metrics, until commit()
         self._lock_created = False
+        self._lock_before: tuple | None = None   # the lock file's content and stat before this run
         self._lock_fd: int | None = None
         self.before_summary = None     # called just before summary.json is written (the CLI's train: no interrupt)
         if resume:   # continue the run already there; start() rewrites its metrics
@@ -129,6 +131,8 @@ class RunWriter:
                               "wait for it to end, or choose another directory") from None
         self._lock_fd = fd
         try:
+            if not self._lock_created:   # put back as it was by a run that never starts (close)
+                self._lock_before = (os.pread(fd, 64, 0), os.fstat(fd))
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError as e:   # a full disk: no page for the PID
@@ -194,6 +198,12 @@ class RunWriter:
         if self._lock_fd is not None:
             if not self.started and self._lock_created and not self.created:
                 (self.dir / LOCK_FILE).unlink(missing_ok=True)   # (still held: no other run has it)
+            elif not self.started and self._lock_before is not None:   # a refused run leaves the file as it was
+                with contextlib.suppress(OSError):
+                    content, st = self._lock_before
+                    os.ftruncate(self._lock_fd, 0)
+                    os.pwrite(self._lock_fd, content, 0)
+                    os.utime(self._lock_fd, ns=(st.st_atime_ns, st.st_mtime_ns))
             os.close(self._lock_fd)   # closing the descriptor releases the flock
             self._lock_fd = None
         if not self.started:

@@ -701,3 +701,23 @@ def test_a_refused_run_removes_every_directory_it_created(tmp_path):
                  "--out", str(tmp_path / "new" / "run")])
     assert code == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_overwrite_leaves_the_finished_runs_lock_file_as_it_was(tmp_path):
+    """Issue 32's promise, "nothing on disk changes", down to the lock file: a command refused after it took
+    the lock (the window is larger than the budget, found once the data is read) puts back the PID the
+    finished run left there, and its modification time."""
+    import os
+    import time
+
+    from stalegrad.cli import main
+    out = tmp_path / "run"
+    base = ["train", "--workers", "2", "--dataset", "digits", "--model", "logreg", "--quiet", "--out", str(out)]
+    assert main(base + ["--epochs", "1"]) == 0
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir() if p.is_file()}
+    os.utime(out / ".lock", ns=(1, 10**18))   # a time this run cannot write by chance
+    before[".lock"] = ((out / ".lock").read_bytes(), 10**18)
+    time.sleep(0.01)
+    assert main(base + ["--algo", "agn", "--epochs", "0.05", "--overwrite"]) == 2
+    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir() if p.is_file()}
+    assert after == before
