@@ -166,6 +166,8 @@ def points(x: float, signed: bool = True) -> str:
 def interval_text(iv: dict, scale: float = 100.0, fmt: str = "+.2f") -> str:
     if not iv or not _finite(iv.get("mean")):
         return "n/a"
+    if not (_finite(iv.get("lo")) and _finite(iv.get("hi"))):   # one seed so far: no interval yet
+        return f"{scale * iv['mean']:{fmt}} ({iv['n']} seed{'s' * (iv['n'] != 1)}, no interval)"
     return f"{scale * iv['mean']:{fmt}} [{scale * iv['lo']:{fmt}}, {scale * iv['hi']:{fmt}}] ({iv['n']} seeds)"
 
 
