@@ -98,6 +98,11 @@ def claim_names(spec: dict) -> list[tuple[str, str]]:
     return names + [("closure", x) for x in spec.get("closure") or ()]
 
 
+# summary.json does not record the number of classes; every data set stalegrad loads has 10
+# (tests/test_selection.py checks data.DATASETS), so a run is at chance against 10 classes.
+NUM_CLASSES = 10
+
+
 def with_statistic(candidates: list[dict], tune) -> dict:
     """The selection statistic of each cell, one rule for the report and a grid's stage 2: ``final_val_acc``
     when every run of the cell has one, i.e. was made with --val-split, else ``final_test_acc``. Each candidate (``{"algo", "setting", "summaries": {seed: summary}}``) gets its
@@ -141,16 +146,6 @@ def _seed_values(group: dict, key: str, seeds) -> dict:
     return {r["seed"]: r["summary"].get(key) for r in group["runs"] if r["seed"] in seeds}
 
 
-# summary.json does not record the number of classes; every data set stalegrad loads has 10
-# (tests/test_selection.py checks data.DATASETS), so a run is at chance against 10 classes.
-NUM_CLASSES = 10
-
-
-def _failures(group: dict, seeds) -> dict:
-    """seed -> why its run failed (``selection.run_failure``) or None, for the group's runs of ``seeds``."""
-    return {r["seed"]: run_failure(r["summary"], NUM_CLASSES) for r in group["runs"] if r["seed"] in seeds}
-
-
 def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, efficiency, beside=None) -> dict:
     """The protocol section of report.json (see the module docstring). ``efficiency(run_a, run_b)``: the
     temporal efficiency of the report's variant; ``beside``: the central variant's, given a second
@@ -188,7 +183,8 @@ def analyse_protocol(groups: list[dict], spec: dict | None, baseline: str, effic
             test = _seed_values(g, TEST, rep)
             entry["report_test_acc"] = t_interval([test[s] if _finite(test[s]) else math.nan for s in sorted(test)])
             entry["report_seeds"] = sorted(test)
-            failed = _failures(g, rep)   # counted beside the interval, whose mean is NaN if one is not finite
+            failed = {s: c["failures"][s] for s in rep if s in c["failures"]}   # (with_statistic's): counted
+            # beside the interval, whose mean is NaN if one is not finite
             entry["report_failed"] = {s: why for s, why in failed.items() if why}
             entry["report_failure_rate"] = failure_rate(failed)
             chosen.append({**entry, "_g": g, "cell": dict(cell_key(p["cell"], ())), "algo_keys": g["algo_keys"]})
