@@ -18,10 +18,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-from stalegrad.selection import run_failure
 import numpy as np
 
 from stalegrad.intervals import bca
+from stalegrad.selection import CHANCE_MARGIN, run_failure
 from stalegrad.stats import holm, paired_t, t_interval
 
 CLASSES = 10   # every data set of the study (MNIST, Fashion-MNIST)
@@ -302,6 +302,8 @@ def machine(runs: dict) -> list[str]:
 
 def render(root: Path) -> str:
     plan = tomllib.loads((root / "experiments/confirm/claims.toml").read_text())
+    if not math.isclose(1 / CLASSES + CHANCE_MARGIN, plan["rules"]["failed_at_most"]):   # the registered rule
+        sys.exit("findings.py: selection.run_failure's chance threshold is not the plan's failed_at_most")
     extra = tomllib.loads((root / "experiments/confirm/descriptive.toml").read_text())
     record = tomllib.loads((root / "docs/results/confirm/registration.toml").read_text())
     runs = load_runs(root)
