@@ -63,7 +63,10 @@ def accuracy(run: dict, rules: dict) -> float:
 
 
 def probe_value(run: dict, claim: dict) -> float:
-    """A run's probe statistic: the share of probes where ``field`` < ``than``, or the mean of ``field``."""
+    """A run's probe statistic: the share of probes where ``field`` < ``than``, or the mean of ``field``. A failed
+    run enters at the claim's ``failed`` value, its null (PLAN.md, change 1), not at the share of its finite probes."""
+    if run_failure(run["summary"], CLASSES):
+        return claim["failed"]
     field, than = claim["field"], claim.get("than")
     rows = [p for p in run["probes"] or [] if _finite(p.get(field)) and (than is None or _finite(p.get(than)))]
     if not rows:

@@ -142,3 +142,35 @@ def test_the_cli_writes_the_page(root, tmp_path):
     assert findings.main(["--root", str(root), "--out", str(out)]) == 0
     assert out.read_text() == findings.render(root)
     assert "`abc1234`" in out.read_text()
+
+
+def test_a_failed_run_enters_a_probe_claim_at_its_null(root):
+    """PLAN.md, change 1: a failed run's probe share is the claim's ``failed`` value, not its finite probes'."""
+    plan = CLAIMS_HEAD.replace("{claims}", """
+[[claim]]
+id = "P1"
+question = "Q"
+text = "share above one half"
+kind = "probe_share"
+seeds = "three"
+a = { grid = "p", algo = "x" }
+field = "e"
+than = "g"
+cells = [{}]
+direction = 1
+margin = 0.5
+failed = 0.5
+paper = "-"
+""")
+    (root / "experiments/confirm/claims.toml").write_text(plan)
+    probes = {1: [(0.1, 1.0)] * 9 + [(2.0, 1.0)],            # 9 of 10 below: 0.9
+              2: [(0.1, 1.0)] * 8 + [(2.0, 1.0)] * 2,        # 0.8
+              3: [(0.1, 1.0)] * 10}                          # finite probes all below, but the run failed
+    for seed, rows in probes.items():
+        failed = seed == 3
+        write_run(root, "p", "x", seed, float("nan") if failed else 0.9, loss=float("nan") if failed else 0.3)
+        (root / f"docs/results/confirm/runs/p/x-s{seed}/probes.jsonl").write_text(
+            "".join(json.dumps({"e": e, "g": g}) + "\n" for e, g in rows))
+    r = row(findings.render(root), "P1")
+    assert r[4].startswith(f"{(0.9 + 0.8 + 0.5) / 3:.3f} [")   # seed 3 enters at 0.5, not at 1.0
+    assert r[6] == "1 of 3"
