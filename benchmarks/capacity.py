@@ -23,7 +23,7 @@ import torch
 from server_apply import LR, RULES, kernel_paths, _server
 from stalegrad.algorithms import make_algorithm
 from stalegrad.models import build_model
-from stalegrad.worker import BatchStream, FlatModel, Worker
+from stalegrad.core.worker import BatchStream, FlatModel, Worker
 from workloads import image_data
 
 BATCH = 128

@@ -14,7 +14,7 @@ import sys
 import common
 import torch
 
-import stalegrad.server as server_mod
+import stalegrad.core.server as server_mod
 from stalegrad.algorithms import make_algorithm
 
 CHUNKS = [1 << k for k in (14, 15, 16, 17, 18, 19, 20)] + [None]

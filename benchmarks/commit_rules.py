@@ -89,7 +89,7 @@ def memory(workers: int) -> dict:
 def falls_back(model: str, data: dict) -> bool:
     """Whether --vectorised runs this model's windows one by one (too large to stack on the CPU)."""
     from stalegrad.runtimes.vectorised import window_group
-    from stalegrad.worker import FlatModel
+    from stalegrad.core.worker import FlatModel
     kind, _, name = model.rpartition(" ")
     x = data[kind or "images"][0].x
     return window_group(FlatModel(build_model(name, tuple(x.shape[1:]), 10))) < 2

@@ -18,7 +18,7 @@ import common
 import torch
 
 from stalegrad.models import build_model
-from stalegrad.worker import BatchStream, FlatModel, Worker
+from stalegrad.core.worker import BatchStream, FlatModel, Worker
 from stalegrad.algorithms import make_algorithm
 from workloads import image_data
 

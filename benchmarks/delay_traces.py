@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from stalegrad.delays import parse_delay  # noqa: E402
+from stalegrad.core.delays import parse_delay  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TRACES = RESULTS / "delay_traces"

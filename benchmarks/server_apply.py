@@ -17,7 +17,7 @@ import common  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from stalegrad.algorithms import make_algorithm
-from stalegrad.server import ParameterServer
+from stalegrad.core.server import ParameterServer
 
 # rule -> (algorithm, its parameters, float32 vectors each update must read + write)
 RULES = {

@@ -14,7 +14,7 @@ import time
 import os
 import torch
 import stalegrad as sg
-from stalegrad import worker as W
+from stalegrad.core import worker as W
 
 
 def threads(algo):

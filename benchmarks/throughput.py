@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import stalegrad as sg  # noqa: E402
 from stalegrad.algorithms import ALGORITHMS  # noqa: E402
-from stalegrad.report_time import FORMAT  # noqa: E402
+from stalegrad.study.report_time import FORMAT  # noqa: E402
 from stalegrad.runtimes import LocalRuntime  # noqa: E402
 
 BATCH = 128

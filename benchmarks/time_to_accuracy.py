@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from stalegrad.models import build_model  # noqa: E402
-from stalegrad.worker import FlatModel  # noqa: E402
+from stalegrad.core.worker import FlatModel  # noqa: E402
 
 MODEL, BATCH, LR, SEED = "agn-mlp", 128, 0.001, 0
 EVAL_EVERY = 0.05                 # epochs: 3,000 samples

@@ -42,7 +42,7 @@ def gradient_only(model: str, train, rounds: int) -> float:
     16 calls of FlatModel.loss_and_grad (same weights, same mini-batches)."""
     from stalegrad.models import build_model
     from stalegrad.runtimes.vectorised import BatchedGradient
-    from stalegrad.worker import FlatModel
+    from stalegrad.core.worker import FlatModel
 
     torch.manual_seed(0)
     flat = FlatModel(build_model(model, tuple(train.x.shape[1:]), 10))
@@ -65,7 +65,7 @@ import time, torch
 t0 = time.perf_counter()
 from stalegrad.models import build_model
 from stalegrad.runtimes.vectorised import BatchedGradient
-from stalegrad.worker import FlatModel
+from stalegrad.core.worker import FlatModel
 flat = FlatModel(build_model("logreg", (32,), 10))
 batched = BatchedGradient(flat)
 W, x, y = flat.flat.repeat(16, 1), torch.randn(16, 128, 32), torch.randint(0, 10, (16, 128))

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decisive import difference, load, summary, table  # noqa: E402
 
-from stalegrad.stats import DOES_NOT_HOLD, HOLDS, t_interval, verdict  # noqa: E402
+from stalegrad.study.stats import DOES_NOT_HOLD, HOLDS, t_interval, verdict  # noqa: E402
 
 # (n, λ): (AGN test accuracy, AEASGD test accuracy, AGN's temporal efficiency against AEASGD), in %
 THESIS = {

@@ -2,13 +2,13 @@
 ``python experiments/alignment.py RUNS_DIR [RUNS_DIR ...] --out FILE.md``.
 
 For probe grids (``--probe-every``: experiments/probes_agn_seeds.toml) whose runs vary only the window, the
-number of workers and the seed. Each run's probes (``probes.jsonl``, stalegrad/prober.py) give two cosines
+number of workers and the seed. Each run's probes (``probes.jsonl``, stalegrad/core/prober.py) give two cosines
 per probed commit: with minus the gradient of the probes' fixed batch at the pulled weights ("towards the
 minimum", ``cos_eval``) and with the previous commit of another worker ("agreement", ``cos_prev``). A run is
-summarised by the mean of each over its probes (stalegrad/report_probes.py's alignment row); then, per number
+summarised by the mean of each over its probes (stalegrad/study/report_probes.py's alignment row); then, per number
 of workers, every window w > 1 is paired with window 1 (single steps: AGN's commits without accumulation) by
 seed, and the difference of the per-run means gets a 95% t interval over seeds and a verdict
-(``stalegrad.stats``: *holds* when the whole interval is above 0). The seed, not the probe, is the unit: the
+(``stalegrad.study.stats``: *holds* when the whole interval is above 0). The seed, not the probe, is the unit: the
 probes of one run are not independent.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from stalegrad.errors import StalegradError
-from stalegrad.report import load_runs
-from stalegrad.report_probes import alignment_row, read_probes
-from stalegrad.stats import t_interval, verdict
+from stalegrad.study.report import load_runs
+from stalegrad.study.report_probes import alignment_row, read_probes
+from stalegrad.study.stats import t_interval, verdict
 
 MEASURES = (("cos_eval", "points more towards the minimum"), ("cos_prev", "agrees more with another worker's commit"))
 

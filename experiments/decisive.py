@@ -7,7 +7,7 @@ GRID_DIR is a finished ``stalegrad grid`` directory of a file with a ``[protocol
 figures on the reporting seeds (paired differences with t intervals, gap closures with bootstrap
 intervals, temporal efficiencies). This script only groups those figures by research question and
 adds the few that need two cells at once (AGN's drop from n = 8 to n = 16), with the same interval
-(``stalegrad.stats.t_interval``) and the same verdict rule (``stalegrad.stats.verdict``): *holds* when
+(``stalegrad.study.stats.t_interval``) and the same verdict rule (``stalegrad.study.stats.verdict``): *holds* when
 the whole 95% interval lies on the claim's side of "no effect", *does not hold* when it lies wholly on
 the other side, *inconclusive* when it contains it. No correction for multiple comparisons.
 
@@ -26,7 +26,7 @@ import math
 import sys
 from pathlib import Path
 
-from stalegrad.stats import DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, t_interval, verdict
+from stalegrad.study.stats import DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, t_interval, verdict
 
 MARGIN = 0.005
 

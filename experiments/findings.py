@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stalegrad.intervals import bca
-from stalegrad.selection import CHANCE_MARGIN, run_failure
-from stalegrad.stats import holm, paired_t, t_interval
+from stalegrad.study.intervals import bca
+from stalegrad.study.selection import CHANCE_MARGIN, run_failure
+from stalegrad.study.stats import holm, paired_t, t_interval
 
 CLASSES = 10   # every data set of the study (MNIST, Fashion-MNIST)
 

@@ -7,7 +7,7 @@ for every worker count M and every lambda, the rate selected on the mean final v
 selection seeds and the test accuracy of that rate on the reporting seeds. This script writes, per M:
 
 - each lambda against ASGD: the seed-paired difference of final test accuracy, its 95% t interval and the
-  verdict (``stalegrad.stats``: *holds* when the interval lies above 0, *does not hold* when below,
+  verdict (``stalegrad.study.stats``: *holds* when the interval lies above 0, *does not hold* when below,
   *inconclusive* when it holds 0);
 - the **tuned** lambda: the (rate, lambda) pair with the best validation statistic, chosen from the same
   per-lambda selections (the best pair over both is always one of them, so the grid's second stage ran
@@ -24,7 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from stalegrad.stats import verdict
+from stalegrad.study.stats import verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decisive import difference, fmt, iv, load, per_seed, summary, table  # noqa: E402

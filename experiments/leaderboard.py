@@ -13,11 +13,11 @@ the grids side by side:
   of its data set and delay model as the sequential reference. Commit rules: (data set, window, n). Each
   family and data set gets its own section, "who wins" table and plot row.
 - **Final test accuracy**: the mean over the reporting seeds with its 95% t interval
-  (``stalegrad.stats.t_interval``). A diverged run (no finite accuracy) makes the interval NaN: shown,
+  (``stalegrad.study.stats.t_interval``). A diverged run (no finite accuracy) makes the interval NaN: shown,
   never averaged away.
 - **Time to target**: the simulator's virtual seconds at which the central model's test accuracy first
   reaches the grid's ``[report] target`` (interpolated linearly between the two evaluations around it:
-  ``stalegrad.report_curves.time_to_target``, the per-run figure of report.json). The mean and its t interval
+  ``stalegrad.study.report_curves.time_to_target``, the per-run figure of report.json). The mean and its t interval
   only when every reporting seed reached the target; otherwise "k of n reached" and the times of those
   that did, no mean.
 - **Pairing.** A reporting seed fixes the initial weights, the shards, the mini-batch order and the
@@ -28,7 +28,7 @@ the grids side by side:
   methods whose paired difference from it has an interval that holds 0. The 2017 method (the better of
   dcasgd-c and dcasgd-a; agn) and the best later method are chosen by the *validation* score, so the
   test figures that compare them are not the ones that chose them; the claim "the 2017 method is more
-  accurate" gets ``stalegrad.stats.verdict``: holds (interval above 0), does not hold (below 0),
+  accurate" gets ``stalegrad.study.stats.verdict``: holds (interval above 0), does not hold (below 0),
   inconclusive (holds 0). The same against each baseline of its own paper. No correction for
   multiple comparisons.
 - **Grid edge**: a selected rate at the smallest or largest value of the method's rate list (the
@@ -42,7 +42,7 @@ import math
 import sys
 from pathlib import Path
 
-from stalegrad.stats import HOLDS, INCONCLUSIVE, t_interval, verdict
+from stalegrad.study.stats import HOLDS, INCONCLUSIVE, t_interval, verdict
 
 GRIDS = ("grad_asgd", "grad_sgd", "grad_dana", "grad_momentum", "grad_gap", "grad_sasgd", "commit_agn", "commit_outer",
          "commit_downpour", "commit_agn_fashion", "commit_outer_fashion", "commit_downpour_fashion")
@@ -379,11 +379,11 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
             f"{', '.join(map(str, sel))}; test figures of the selected rate on reporting seeds "
             f"{seeds}. Equal tuning effort, values tried per method: "
             + ", ".join(f"{a} {'/'.join(map(str, sorted(v)))}" for a, v in tried.items()) + ".",
-            "", "Intervals: 95% t intervals over the reporting seeds (`stalegrad.stats.t_interval`), "
+            "", "Intervals: 95% t intervals over the reporting seeds (`stalegrad.study.stats.t_interval`), "
             "mean ± t(0.975, n−1)·s/√n; a difference between two methods is paired by seed across grids (a seed "
             "fixes the initial weights, shards, mini-batch order and delay draws of every grid; the cells' data set, "
             "model, batch, epochs and split are checked equal) and its interval is over the per-seed differences. "
-            "Verdicts (`stalegrad.stats.verdict`): *holds* when the whole interval lies above 0, *does not hold* when "
+            "Verdicts (`stalegrad.study.stats.verdict`): *holds* when the whole interval lies above 0, *does not hold* when "
             "below, *inconclusive* when it holds 0. No correction for multiple comparisons.", "",
             "Time to target: the virtual seconds (the simulator's clock) at which the central model's test accuracy "
             "first reaches the grid's `[report] target`, interpolated between the two evaluations around it (one "

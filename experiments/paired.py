@@ -4,7 +4,7 @@
 For grids whose every setting is fixed but the algorithm and the seed (experiments/agn_decisive_agnmlp_cut.toml:
 the thesis's rates, no sweep), so there is nothing to select and every seed reports. Pairs the two algorithms'
 runs by seed (a seed fixes the initial weights, shards, batch order and delays), and prints each mean, the
-difference A − B with its 95% t interval, and the verdict on "A more accurate than B" (``stalegrad.stats``).
+difference A − B with its 95% t interval, and the verdict on "A more accurate than B" (``stalegrad.study.stats``).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import argparse
 import sys
 
 from stalegrad.errors import StalegradError
-from stalegrad.report import load_runs
-from stalegrad.stats import t_interval, verdict
+from stalegrad.study.report import load_runs
+from stalegrad.study.stats import t_interval, verdict
 
 
 def by_seed(runs: list[dict], algo: str) -> dict:

@@ -19,7 +19,7 @@ final accuracies and AGN's temporal efficiency against AEASGD, both variants (``
 the central model's test accuracy over virtual time; the workers' training accuracy over wall time in
 5 s windows), and the share of cells above 1.
 
-Selection (issue 18): the project's protocol, with its one statistic (``stalegrad/selection.py``).
+Selection (issue 18): the project's protocol, with its one statistic (``stalegrad/study/selection.py``).
 Within each cell the learning rate whose runs on the *selection seeds* have the highest mean final
 validation accuracy (``final_val_acc``; ties: the smaller rate) is chosen, and everything shown (test
 accuracy, closure, temporal efficiency) comes from the chosen rate's runs on the *reporting seeds*,
@@ -46,11 +46,11 @@ import click
 
 from stalegrad.cli.report import seed_list
 from stalegrad.errors import StalegradError
-from stalegrad.metrics import temporal_efficiency
-from stalegrad.report import load_runs
-from stalegrad.report_curves import central_curve, workers_curve
-from stalegrad.results import json_text
-from stalegrad.selection import select
+from stalegrad.run.metrics import temporal_efficiency
+from stalegrad.study.report import load_runs
+from stalegrad.study.report_curves import central_curve, workers_curve
+from stalegrad.run.results import json_text
+from stalegrad.study.selection import select
 
 DC_ALGOS = ("sgd", "ssgd", "asgd", "dcasgd-c", "dcasgd-a")
 AGN_ALGOS = ("agn", "aeasgd", "dynsgd", "downpour")
@@ -164,7 +164,7 @@ class Rule:
                     f"selected rate are optimistic; {SUPERSEDED_BY} supersedes this page (`papers.py "
                     "--select-on-test` reproduces it).")
         return (f"Learning rate selected per cell on validation accuracy: the highest mean final_val_acc over "
-                f"the selection seeds {seeds_text(self.select_seeds)} (stalegrad/selection.py; ties: the smaller "
+                f"the selection seeds {seeds_text(self.select_seeds)} (stalegrad/study/selection.py; ties: the smaller "
                 f"rate); test accuracy reported on the reporting seeds {seeds_text(self.report_seeds)} only, "
                 "which the selection never saw.")
 
@@ -172,7 +172,7 @@ class Rule:
         if self.on_test:
             return {"on": "test", "statistic": "mean final_test_acc over every seed", "select_seeds": "every",
                     "report_seeds": "every", "superseded_by": SUPERSEDED_BY}
-        return {"on": "validation", "statistic": "mean final_val_acc over the selection seeds (stalegrad/selection.py)",
+        return {"on": "validation", "statistic": "mean final_val_acc over the selection seeds (stalegrad/study/selection.py)",
                 "select_seeds": list(self.select_seeds), "report_seeds": list(self.report_seeds)}
 
 

@@ -12,7 +12,11 @@ the command line's help do not pay for importing torch.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import os
+import sys
+import warnings
 
 # Idle OpenMP threads spin briefly at a barrier, then sleep. torch's default (libgomp) spins for
 # 300,000 iterations; when another process holds one of the cores, the spinning thread waits for its
@@ -47,11 +51,11 @@ else:
 __version__ = "0.4.0"
 
 _WHERE = {
-    "train": "training", "TrainResult": "training", "TrainingRun": "training",
-    "RunConfig": "config",
+    "train": "run.training", "TrainResult": "run.training", "TrainingRun": "run.training",
+    "RunConfig": "run.config",
     "StalegradError": "errors", "UsageError": "errors", "ConfigError": "errors", "RunError": "errors",
     "Simulator": "runtimes", "LocalRuntime": "runtimes", "RayRuntime": "runtimes", "Runtime": "runtimes", "Training": "runtimes",
-    "ParameterServer": "server",
+    "ParameterServer": "core.server",
     "load_dataset": "data", "load_pair": "data", "Dataset": "data",
     **{name: "algorithms" for name in ("ALGORITHMS", "make_algorithm", "Algorithm", "SGD", "SSGD", "ASGD",
                                        "DCASGDConstant", "DCASGDAdaptive", "AGN", "Downpour", "DynSGD",
@@ -67,6 +71,42 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     globals()[name] = value   # once imported, a plain attribute
     return value
+
+
+# Modules that moved into the subpackages (issue 34): their old paths still import, with a
+# DeprecationWarning, until the next release. The old name is the same module object as the new one.
+MOVED = {old: f"{sub}.{old}" for sub, names in (
+    ("core", "server server_checks sharding worker delays probes prober schedules resources"),
+    ("run", "training config validation model_check checkpoint checkpoint_schema rundir results tblog "
+            "progress metrics files"),
+    ("study", "grid grid_names grid_ray stages selection stats intervals report report_curves report_plots "
+              "report_probes report_protocol report_time plot"),
+) for old in names.split()}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``stalegrad.<old>`` for a moved module: imports its new path, warns, and puts that module under the
+    old name (``_load_unlocked`` returns what ``sys.modules`` holds once ``exec_module`` has run)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        head, _, old = fullname.partition(".")
+        if head == __name__ and old in MOVED:
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        old = module.__name__.partition(".")[2]
+        new = f"{__name__}.{MOVED[old]}"
+        warnings.warn(f"{module.__name__} moved to {new}; import it from there (the old path goes in the next "
+                      f"release)", DeprecationWarning, stacklevel=2)
+        sys.modules[module.__name__] = importlib.import_module(new)
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
 
 
 def __dir__():

@@ -17,7 +17,9 @@ snake_case word of the problem that is a parameter (``checkpoint_every`` ->
 """
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Callable
 
 _SNAKE = re.compile(r"(?<![\w./-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/-])")
@@ -84,3 +86,39 @@ def check_finite_positive(name: str, value, context: str | None = None, *, stric
 class NumericsWarning(UserWarning):
     """The simulator runs at fewer threads than asked or available, to keep a seed's bits (``numerics``);
     the CLI prints it as one line."""
+
+
+def check_writable(param: str, path: str | os.PathLike) -> None:
+    """Refuse an output file that could not be written at the end of a run: try to write it now.
+
+    Such files (a trace) are written through a temporary file in the same directory; both are
+    created here and removed again (the file only if it did not exist before), so that a missing or
+    read-only directory, /proc, a read-only mount or missing permissions are found before training.
+    ``ConfigError`` names ``param``.
+    """
+    shown = repr(str(path))
+    target = Path(path)            # as written: a symbolic link is replaced, not followed
+    parent = target.parent
+    created = False
+    try:
+        if not parent.is_dir():
+            why = "does not exist" if not parent.exists() else "is not a directory"
+            raise ConfigError(param, f"is {shown}, but the directory {os.path.abspath(parent)} {why}")
+        if target.is_dir():
+            raise ConfigError(param, f"is {shown}, but that is a directory; give a file name")
+        existed = target.exists()
+        if existed and not target.is_file():
+            raise ConfigError(param, f"is {shown}, but that is not a regular file (the run replaces it)")
+        with open(target, "a"):   # an existing file is not changed: this appends nothing
+            created = not existed
+        if created:
+            target.unlink()
+            created = False
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".check", dir=parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        if created:   # created, then something else failed
+            target.unlink(missing_ok=True)
+        raise ConfigError(param, f"is {shown}, but the file cannot be written there "
+                                 f"({e.strerror or e})") from None

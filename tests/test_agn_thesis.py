@@ -2,7 +2,7 @@
 
 import pytest
 
-from stalegrad.stats import t_interval
+from stalegrad.study.stats import t_interval
 
 from helpers import experiment
 

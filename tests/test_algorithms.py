@@ -8,7 +8,7 @@ import torch
 
 from stalegrad.algorithms import make_algorithm
 from stalegrad.algorithms import local_opt
-from stalegrad.server import NonFiniteError, ParameterServer
+from stalegrad.core.server import NonFiniteError, ParameterServer
 
 
 # Both server paths: the rules' torch operators, and their fused kernels where numba is installed

@@ -60,3 +60,78 @@ def test_the_math_layer_does_no_io_and_knows_no_runtime():
                 (name, deps)
             text = path.read_text()
             assert "open(" not in text and "print(" not in text, name
+
+
+# ---- the layout by layer (issue 34) --------------------------------------------------------------------
+TOP_LEVEL = {"__init__", "__main__", "errors", "numerics", "_lazy"}
+SUBPACKAGES = {"algorithms", "core", "run", "study", "runtimes", "data", "models", "cli"}
+# What each subpackage may import (besides itself and the top-level modules): the direction of ARCHITECTURE.md.
+MAY_IMPORT = {
+    "algorithms": set(),
+    "models": set(),
+    "data": set(),
+    "core": {"algorithms", "models", "data"},
+    "runtimes": {"core", "algorithms", "models", "data"},
+    "run": {"core", "runtimes", "algorithms", "models", "data"},
+    "study": {"run", "core", "runtimes", "algorithms", "models", "data"},
+    "cli": SUBPACKAGES - {"cli"},
+}
+# The one arrow that climbs: a grid runs each cell as `stalegrad train` and checks its options against that
+# command's (stalegrad/study/__init__.py says so).
+CLIMBS = {("stalegrad.study.grid", "cli"), ("stalegrad.study.grid_names", "cli")}
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1] if module.count(".") >= 1 else ""
+
+
+def test_the_top_level_holds_only_the_subpackages_and_the_shared_modules():
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top == TOP_LEVEL, f"move these into a subpackage: {sorted(top - TOP_LEVEL)}"
+    assert {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} == SUBPACKAGES
+
+
+def test_every_import_goes_down_the_layers():
+    wrong = []
+    for name, path in MODULES.items():
+        own = layer(name)
+        if own not in MAY_IMPORT:
+            continue
+        for dep in imports_of(name, path):
+            other = layer(dep)
+            if other in SUBPACKAGES and other != own and other not in MAY_IMPORT[own] \
+                    and (name, other) not in CLIMBS:
+                wrong.append(f"{name} imports {dep}")
+    assert not wrong, "imports against the layers of ARCHITECTURE.md: " + "; ".join(wrong)
+    # the test sees real edges: the run imports the core and a runtime, and the core imports no run
+    graph = {n: imports_of(n, p) for n, p in MODULES.items()}
+    assert "stalegrad.core.server" in graph["stalegrad.run.training"]
+    assert "stalegrad.runtimes" in graph["stalegrad.run.training"]
+
+
+def test_each_subpackage_says_what_it_may_import():
+    for sub in ("core", "run", "study"):
+        doc = (PACKAGE / sub / "__init__.py").read_text()
+        assert "may import" in doc and "never" in doc or sub == "study", sub
+
+
+def test_every_public_name_and_old_module_path_still_imports():
+    import importlib
+    import warnings
+
+    import stalegrad
+    for name in stalegrad.__all__:
+        assert getattr(stalegrad, name) is not None, name
+    for old, new in stalegrad.MOVED.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(f"stalegrad.{old}")
+        assert module is importlib.import_module(f"stalegrad.{new}"), old
+        if caught:   # the first import of the old path warns (later ones find it in sys.modules)
+            assert issubclass(caught[0].category, DeprecationWarning) and f"stalegrad.{new}" in str(caught[0].message)
+    # in a fresh process, the first import of an old path warns, naming the new one
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", "import stalegrad.report"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "stalegrad.report moved to stalegrad.study.report" in proc.stderr

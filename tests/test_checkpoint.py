@@ -4,9 +4,9 @@ import torch
 from torch import nn
 
 import stalegrad as sg
-from stalegrad.checkpoint import CheckpointError
+from stalegrad.run.checkpoint import CheckpointError
 from stalegrad.runtimes import Simulator
-from stalegrad.server import ParameterServer
+from stalegrad.core.server import ParameterServer
 
 from helpers import TEST, TRAIN, write_trace
 
@@ -104,7 +104,7 @@ def test_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
     path = tmp_path / "c.pt"
     train("asgd", "round-robin", path)
     before = path.read_bytes()
-    import stalegrad.checkpoint as ck
+    import stalegrad.run.checkpoint as ck
 
     def failing_save(obj, f, *a, **k):
         f.write(b"partial")

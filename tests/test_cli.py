@@ -8,7 +8,7 @@ import torch
 
 from stalegrad.algorithms import ALGORITHMS
 from stalegrad.cli import main
-from stalegrad.results import load_model, read_run
+from stalegrad.run.results import load_model, read_run
 
 
 def cli(capsys, *args):
@@ -308,7 +308,7 @@ def _files(d):
 
 
 def test_interrupted_run_resumes_to_the_same_weights(tmp_path, capsys, monkeypatch):
-    from stalegrad.server import ParameterServer
+    from stalegrad.core.server import ParameterServer
     args = ["train", "--algo", "dcasgd-a", "--workers", 4, "--delay", "gamma:2", "--dataset", "digits",
             "--epochs", 2, "--batch-size", 32, "--checkpoint-every", 10, "--eval-every", 0.5, "--quiet"]
     assert cli(capsys, *args, "--out", tmp_path / "full")[0] == 0

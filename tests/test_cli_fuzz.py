@@ -112,7 +112,7 @@ values = st.one_of(scalars, st.lists(st.one_of(st.integers(0, 300), st.floats(0.
 
 def toml_text(v) -> str:
     import datetime
-    from stalegrad.grid import toml_value
+    from stalegrad.study.grid import toml_value
     if isinstance(v, (datetime.date, datetime.time)):
         return v.isoformat()
     if isinstance(v, dict):

@@ -60,13 +60,13 @@ def test_an_empty_path_in_a_grid_file_is_refused(tmp_path, monkeypatch, capsys):
 
 def test_the_library_refuses_empty_output_paths(tmp_path):
     from stalegrad.errors import UsageError
-    from stalegrad.report import write_report
-    from stalegrad.tblog import check_logdir
+    from stalegrad.study.report import write_report
+    from stalegrad.run.tblog import check_logdir
     with pytest.raises(UsageError, match="tensorboard is empty"):
         check_logdir("")
     with pytest.raises(UsageError, match="--out is empty"):
         write_report([tmp_path], "")
     pytest.importorskip("matplotlib")
-    from stalegrad.plot import plot_runs
+    from stalegrad.study.plot import plot_runs
     with pytest.raises(UsageError, match="--out is empty"):
         plot_runs([tmp_path], "")

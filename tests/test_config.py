@@ -9,10 +9,10 @@ import torch
 import stalegrad as sg
 from stalegrad.algorithms import make_algorithm
 from stalegrad.cli import main
-from stalegrad.config import MAX_SEED, RunConfig
+from stalegrad.run.config import MAX_SEED, RunConfig
 from stalegrad.errors import ConfigError, RunError, StalegradError, UsageError
-from stalegrad.progress import LineProgress, make_progress
-from stalegrad.server import NonFiniteError
+from stalegrad.run.progress import LineProgress, make_progress
+from stalegrad.core.server import NonFiniteError
 
 from helpers import blobs
 
@@ -99,10 +99,10 @@ def test_one_error_family_with_exit_codes():
     assert issubclass(ConfigError, UsageError) and issubclass(UsageError, StalegradError)
     assert issubclass(UsageError, ValueError) and UsageError.exit_code == 2
     assert issubclass(NonFiniteError, RunError) and RunError.exit_code == 1
-    from stalegrad.checkpoint import CheckpointError
+    from stalegrad.run.checkpoint import CheckpointError
     from stalegrad.data import DataError
     from stalegrad.models import ModelError
-    from stalegrad.results import OutputError
+    from stalegrad.run.results import OutputError
     from stalegrad.runtimes.local import WorkerError
     for cls in (CheckpointError, DataError, ModelError, OutputError):
         assert issubclass(cls, UsageError), cls
@@ -217,7 +217,7 @@ def test_a_second_parameter_is_named_in_python_terms_by_the_api():
 def test_memory_for_the_workers_copies_is_estimated_and_refused(monkeypatch):
     """Issue 17 item 8: what cannot fit in the available memory is refused before anything is allocated,
     with the estimate in the message; the estimate grows with the copies the algorithm keeps."""
-    from stalegrad import resources
+    from stalegrad.core import resources
     with pytest.raises(UsageError, match=r"the run needs about .* x 200,000,000,000,000,000,000 copies"):
         sg.train("logreg", TRAIN, TEST, algorithm="asgd", workers=10**20, partition="iid", batch_size=8)
     dc = resources.memory_estimate(make_algorithm("dcasgd-a"), 8, 1000, 4, 0)
@@ -231,7 +231,7 @@ def test_memory_for_the_workers_copies_is_estimated_and_refused(monkeypatch):
 
 
 def test_a_trace_is_a_regular_file_of_bounded_size(tmp_path, monkeypatch):
-    from stalegrad import delays
+    from stalegrad.core import delays
     trace = tmp_path / "t.csv"
     trace.write_text("worker\n" + "0\n1\n" * 100)
     assert delays.read_trace(trace).workers[:3] == [0, 1, 0]
@@ -289,7 +289,7 @@ def test_a_model_that_does_not_fit_the_data_is_one_config_error_before_anything_
 def test_the_model_check_leaves_the_model_as_it_was():
     """One forward pass in eval mode, no gradient and no random draw: the modes of every submodule, the
     parameters and the torch generator are untouched, so a run's bits are what they were."""
-    from stalegrad.model_check import check_model
+    from stalegrad.run.model_check import check_model
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Dropout(0.5),
                                 torch.nn.Linear(16, 3))
     model[1].eval()   # a user's choice, kept

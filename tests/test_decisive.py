@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from stalegrad.stats import t_interval
+from stalegrad.study.stats import t_interval
 
 from helpers import experiment
 

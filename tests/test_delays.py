@@ -7,7 +7,7 @@ import pytest
 
 import stalegrad as sg
 from stalegrad.cli import main
-from stalegrad.delays import DEFAULT_DELAY, DELAY_MODELS, Gamma, RoundRobin, parse_delay
+from stalegrad.core.delays import DEFAULT_DELAY, DELAY_MODELS, Gamma, RoundRobin, parse_delay
 from stalegrad.errors import ConfigError
 from stalegrad.runtimes import Simulator
 

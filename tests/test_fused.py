@@ -25,11 +25,11 @@ import torch
 pytest.importorskip("numba")
 
 import stalegrad as sg  # noqa: E402
-import stalegrad.server as server_mod  # noqa: E402
+import stalegrad.core.server as server_mod  # noqa: E402
 from stalegrad.algorithms import fused, make_algorithm  # noqa: E402
 from stalegrad.errors import ConfigError  # noqa: E402
 from stalegrad.runtimes import Simulator  # noqa: E402
-from stalegrad.server import ParameterServer  # noqa: E402
+from stalegrad.core.server import ParameterServer  # noqa: E402
 
 from helpers import TEST, TRAIN  # noqa: E402
 
@@ -308,7 +308,7 @@ def test_after_2017_beyond_the_chunk_and_parallel_thresholds(name, params, monke
 
 @pytest.mark.parametrize("name,params", EXACT_AFTER_2017[2:3] + EXACT_AFTER_2017[6:] + LOCAL_SGD[2:3])
 def test_after_2017_shards_on_the_kernels_equal_one_torch_server(name, params):
-    from stalegrad.sharding import ShardedServer, local_shards, shard_bounds
+    from stalegrad.core.sharding import ShardedServer, local_shards, shard_bounds
     n, M, K = 301, 3, 3
     algo = make_algorithm(name, **params)
     w0 = torch.randn(n, generator=torch.Generator().manual_seed(2))

@@ -13,7 +13,7 @@ import click
 import pytest
 
 import stalegrad.cli
-from stalegrad import grid as G
+from stalegrad.study import grid as G
 
 # The module, not the command: once `grid` is registered, stalegrad.cli.grid is the click command.
 cli_grid = importlib.import_module("stalegrad.cli.grid")
@@ -252,7 +252,7 @@ def test_runs_resume_and_new_cells(tmp_path, run):
     assert "grid: 2/2 done, 0 failed, 0 left" in err and "2 at once with" in err
     assert "grid: 2 cells: 2 run, 0 skipped (already done), none failed" in stdout
     try:
-        import stalegrad.report  # noqa: F401
+        import stalegrad.study.report  # noqa: F401
         assert (out / "report" / "report.md").is_file()
     except ImportError:
         assert "grid: no report" in err
@@ -374,7 +374,7 @@ def test_a_changed_fixed_value_is_refused_unless_rerun_changed(tmp_path, run):
 
 
 def test_a_failed_run_is_recorded_and_the_grid_goes_on(tmp_path, run, monkeypatch):
-    monkeypatch.setitem(sys.modules, "stalegrad.report", None)      # as if the report module were absent
+    monkeypatch.setitem(sys.modules, "stalegrad.study.report", None)      # as if the report module were absent
     out = tmp_path / "out"
     path = write(tmp_path, TINY + 'on_nonfinite = "stop"\n[axes]\nalgos = ["asgd"]\nlr = [1e38, 0.1]\n')
     code, stdout, err = run(path, "--out", out, "--jobs", 1)

@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'ray>=2.9')")
 
-from stalegrad.grid_ray import capacity, install, version_problem  # noqa: E402
+from stalegrad.study.grid_ray import capacity, install, version_problem  # noqa: E402
 
 from stalegrad.runtimes.ray.connect import probe  # noqa: E402
 from helpers import descendants, ray_head_ip, ray_started  # noqa: E402

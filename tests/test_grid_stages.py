@@ -1,4 +1,4 @@
-"""A grid with a [protocol] table runs in two stages (stalegrad/stages.py): every setting on the selection
+"""A grid with a [protocol] table runs in two stages (stalegrad/study/stages.py): every setting on the selection
 seeds, then the reporting seeds of the selected settings only, chosen as the report's protocol chooses."""
 import json
 import subprocess
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from stalegrad.errors import UsageError
-from stalegrad.grid import expand, parse
-from stalegrad.stages import choose, split, two_stage
+from stalegrad.study.grid import expand, parse
+from stalegrad.study.stages import choose, split, two_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = """

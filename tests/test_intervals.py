@@ -1,4 +1,4 @@
-"""stalegrad/intervals.py: intervals that cover at 5-10 seeds (issue 31, item 6), shown by simulation.
+"""stalegrad/study/intervals.py: intervals that cover at 5-10 seeds (issue 31, item 6), shown by simulation.
 
 Each coverage test draws many synthetic experiments from a known distribution with a fixed seed, computes
 the 95% interval of each, and counts how often it holds the true value. With R replications the count's
@@ -33,8 +33,8 @@ import math
 import numpy as np
 import pytest
 
-from stalegrad.intervals import bca, cluster_bootstrap, cluster_t_interval, fieller, log_ratio_interval
-from stalegrad.stats import bootstrap, ratio_of_gaps, t_interval
+from stalegrad.study.intervals import bca, cluster_bootstrap, cluster_t_interval, fieller, log_ratio_interval
+from stalegrad.study.stats import bootstrap, ratio_of_gaps, t_interval
 
 BAND = (0.92, 0.975)
 CLOSURE = 0.3        # the true closure of the synthetic experiments: X is 30% of the way from L to H

@@ -16,12 +16,12 @@ from torch import nn
 import stalegrad as sg
 from stalegrad.algorithms import ALGORITHMS
 from stalegrad.cli import main
-from stalegrad.delays import read_trace
+from stalegrad.core.delays import read_trace
 from stalegrad.runtimes import LocalRuntime, Simulator
 from stalegrad.errors import ConfigError
 from stalegrad.runtimes.local import WorkerError, max_workers
 from stalegrad.runtimes.local.stats import Measurements
-from stalegrad.worker import BatchStream
+from stalegrad.core.worker import BatchStream
 
 from helpers import alive, blobs, descendants
 
@@ -240,7 +240,7 @@ def test_sigint_stops_every_process_and_leaves_no_shared_memory(tmp_path):
 
 
 def test_checkpoint_and_resume_under_the_local_runtime(tmp_path, monkeypatch):
-    from stalegrad.server import ParameterServer
+    from stalegrad.core.server import ParameterServer
     path = tmp_path / "ckpt.pt"
     algorithm = sg.make_algorithm("agn", window=2)
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import stalegrad as sg
 from stalegrad.runtimes import Simulator
-from stalegrad.worker import BatchStream, FlatModel, WorkerFactory
+from stalegrad.core.worker import BatchStream, FlatModel, WorkerFactory
 
 from helpers import TEST, TRAIN
 
@@ -79,8 +79,8 @@ def test_vectorised_mode_reports_the_same_training_accuracy():
 
 def test_cli_writes_messages_jsonl_and_report_uses_it_for_the_workers_variant(tmp_path):
     from stalegrad.cli import main
-    from stalegrad.report_curves import workers_curve
-    from stalegrad.results import read_run
+    from stalegrad.study.report_curves import workers_curve
+    from stalegrad.run.results import read_run
     for algo in ("agn", "downpour"):
         out = tmp_path / algo
         assert main(["train", "--algo", algo, "--workers", "3", "--dataset", "digits", "--model", "logreg",

@@ -1,7 +1,7 @@
 """Temporal efficiency (Hermans et al.): areas under piecewise-linear curves, computed by hand."""
 import pytest
 
-from stalegrad.metrics import area_under, temporal_efficiency
+from stalegrad.run.metrics import area_under, temporal_efficiency
 
 
 def test_unequal_lengths_and_sampling():

@@ -248,7 +248,7 @@ def test_tiny_evaluation_chunks_keep_their_bits_at_any_thread_count():
 
     import stalegrad  # noqa: F401
     from stalegrad.models import build_model
-    from stalegrad.worker import FlatModel
+    from stalegrad.core.worker import FlatModel
     torch.manual_seed(0)
     model = FlatModel(build_model("mlp", (64,), 10))
     x = torch.randn(5, 64)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from stalegrad.stats import t_interval
+from stalegrad.study.stats import t_interval
 
 from helpers import experiment
 

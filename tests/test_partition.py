@@ -9,9 +9,9 @@ import pytest
 
 import stalegrad as sg
 from stalegrad.cli import main
-from stalegrad.config import MAX_COPIES, parse_partition
+from stalegrad.run.config import MAX_COPIES, parse_partition
 from stalegrad.errors import ConfigError
-from stalegrad.worker import BatchStream
+from stalegrad.core.worker import BatchStream
 
 from helpers import blobs
 

@@ -49,8 +49,8 @@ def test_a_missing_run_directory_is_said_to_be_missing(tmp_path, capsys):
 def test_legend_labels_say_what_differs_between_the_runs(three, tmp_path):
     import shutil
 
-    from stalegrad.plot import figure, labels
-    from stalegrad.results import read_run
+    from stalegrad.study.plot import figure, labels
+    from stalegrad.run.results import read_run
     runs = [read_run(three / n) for n in "abc"]
     assert labels(runs) == ["dcasgd-a x4 lr=0.1 seed=0", "dcasgd-a x4 lr=0.05 seed=0", "dcasgd-a x4 lr=0.1 seed=1"]
     fig = figure(runs)
@@ -65,8 +65,8 @@ def test_the_tau_histogram_shows_empty_bins_as_empty(three, tmp_path):
     import json
     import shutil
 
-    from stalegrad.plot import figure, tau_bins
-    from stalegrad.results import read_run
+    from stalegrad.study.plot import figure, tau_bins
+    from stalegrad.run.results import read_run
     assert tau_bins({"0": 3, "2": 1}) == ([-0.5, 0.5, 1.5, 2.5], [0.75, 0.0, 0.25])
     shutil.copytree(three / "a", tmp_path / "gap")
     st = json.loads((tmp_path / "gap" / "staleness.json").read_text())

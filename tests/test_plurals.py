@@ -2,7 +2,7 @@
 import pytest
 
 from stalegrad.cli import main
-from stalegrad.progress import count
+from stalegrad.run.progress import count
 
 RUN = ["--dataset", "synthetic", "--model", "logreg", "--quiet"]
 

@@ -8,11 +8,11 @@ import torch
 from torch import nn
 
 import stalegrad as sg
-from stalegrad import probes as pm
+from stalegrad.core import probes as pm
 from stalegrad.errors import ConfigError
 from stalegrad.models import build_model
-from stalegrad.prober import Prober, piecewise_linear
-from stalegrad.worker import BatchStream
+from stalegrad.core.prober import Prober, piecewise_linear
+from stalegrad.core.worker import BatchStream
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_exact_hessian_diagonal_equals_torch_func_hessian(build):
 
 
 def test_report_bins_take_errors_that_overflowed():
-    from stalegrad.report_probes import compensation_bins
+    from stalegrad.study.report_probes import compensation_bins
     base = {"tau": 2, "drift": 1.0, "err_g": 1.0, "cos_g": 0.5, "err_dc_c": 0.5, "cos_dc_c": 0.9}
     rows = compensation_bins([base, {**base, "err_dc_c": None, "cos_dc_c": None}, {**base, "err_g": None}])
     assert rows[0]["n"] == 3 and rows[0]["better_dc_c"] == pytest.approx(2 / 3)
@@ -170,8 +170,8 @@ def test_cli_writes_probes_jsonl_and_refuses_other_runtimes(tmp_path, capsys):
     lines = [json.loads(x) for x in (out / "probes.jsonl").read_text().splitlines()]
     assert lines and all(x["update"] % 3 == 0 for x in lines)
     assert json.loads((out / "config.json").read_text())["probe_every"] == 3
-    from stalegrad.report import write_report
-    from stalegrad.report_probes import compensation_bins, tau_bin
+    from stalegrad.study.report import write_report
+    from stalegrad.study.report_probes import compensation_bins, tau_bin
     md = write_report([out], tmp_path / "report").read_text()
     assert "## Probes" in md and "DC-ASGD-a" in md and "cos towards minimum" in md
     section = json.loads((tmp_path / "report" / "report.json").read_text())["probes"]

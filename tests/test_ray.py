@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install '
 
 import stalegrad as sg  # noqa: E402
 from stalegrad.algorithms import ALGORITHMS  # noqa: E402
-from stalegrad.checkpoint import CheckpointError  # noqa: E402
+from stalegrad.run.checkpoint import CheckpointError  # noqa: E402
 from stalegrad.cli import main  # noqa: E402
 from stalegrad.cli.run import train as train_command  # noqa: E402
 from stalegrad.errors import ConfigError  # noqa: E402

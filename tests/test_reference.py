@@ -14,7 +14,7 @@ import torch
 
 import stalegrad as sg
 from stalegrad.runtimes import Simulator
-from stalegrad.worker import BatchStream
+from stalegrad.core.worker import BatchStream
 
 from helpers import TEST, TRAIN
 

@@ -8,9 +8,9 @@ from click.testing import CliRunner
 
 from stalegrad.cli import main
 from stalegrad.cli.report import report
-from stalegrad.metrics import temporal_efficiency
-from stalegrad.report import write_report
-from stalegrad.results import read_run
+from stalegrad.run.metrics import temporal_efficiency
+from stalegrad.study.report import write_report
+from stalegrad.run.results import read_run
 
 pytest.importorskip("matplotlib")
 
@@ -225,7 +225,7 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path):
 
 
 def test_heatmap_axes(made, runs, tmp_path):
-    from stalegrad.report_plots import choose_heatmap_axes
+    from stalegrad.study.report_plots import choose_heatmap_axes
     assert choose_heatmap_axes({"algo": [1, 2, 3], "workers": [1, 2], "window": [1, 4], "lr": [1, 2, 3]}, None)[0] \
         == ("workers", "window")
     axes = {"algo": ["a", "b"], "workers": [1, 2, 4], "lr": [0.1, 0.3]}

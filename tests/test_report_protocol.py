@@ -8,8 +8,8 @@ import pytest
 
 from stalegrad.cli import main
 from stalegrad.errors import UsageError
-from stalegrad.report import write_report
-from stalegrad.stats import t_interval
+from stalegrad.study.report import write_report
+from stalegrad.study.stats import t_interval
 
 from helpers import fake_run as fake
 
@@ -202,7 +202,7 @@ def test_a_good_protocol_table_reaches_the_report(tmp_path, capsys):
     f = tmp_path / "g.toml"
     f.write_text(GRID.format(fixed="val_split = 100", protocol="select_seeds = [0, 1]\nreport_seeds = [2, 3]"))
     assert main(["grid", str(f), "--dry-run"]) == 0
-    from stalegrad.grid import load_grid
+    from stalegrad.study.grid import load_grid
     assert load_grid(f).report["protocol"] == {"select_seeds": [0, 1], "report_seeds": [2, 3]}
 
 
@@ -260,7 +260,7 @@ def test_mixed_runs_select_each_cell_on_validation_where_its_runs_have_it(tmp_pa
 def test_a_grid_and_its_report_select_with_one_rule(tmp_path):
     """stages.choose (a grid's stage 2) and the report choose the statistic of a cell alike: validation where
     every run of the cell has it (report_protocol.with_statistic)."""
-    from stalegrad.report_protocol import with_statistic
+    from stalegrad.study.report_protocol import with_statistic
     cands = [{"algo": "asgd", "setting": {"lr": lr, "workers": 4}, "summaries": {0: {"final_val_acc": 0.5,
                                                                                     "final_test_acc": 0.6}}}
              for lr in (0.1, 0.3)]

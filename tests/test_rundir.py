@@ -11,8 +11,8 @@ import torch
 
 import stalegrad.errors as sg_errors
 from stalegrad.cli import main
-from stalegrad.rundir import LOCK_FILE, RunWriter
-from stalegrad.results import OutputError
+from stalegrad.run.rundir import LOCK_FILE, RunWriter
+from stalegrad.run.results import OutputError
 
 from helpers import checkpointed_run
 
@@ -55,7 +55,7 @@ def test_overwrite_with_a_bad_input_keeps_the_old_run(finished, capsys, bad):
 
 def test_overwrite_keeps_the_old_files_until_the_new_run_starts(finished, capsys, monkeypatch):
     before = snapshot(finished)
-    import stalegrad.training as training
+    import stalegrad.run.training as training
 
     def fail_before_start(*a, **k):
         raise training.ConfigError("epochs", "refused here, just before the run starts")
@@ -94,7 +94,7 @@ def test_overwrite_keeps_the_old_run_until_the_first_step(finished, capsys, monk
 
 
 def test_overwrite_replaces_the_old_run_once_the_first_step_is_taken(finished, capsys, monkeypatch):
-    from stalegrad.server import ParameterServer
+    from stalegrad.core.server import ParameterServer
     original = ParameterServer.push
 
     def push(self, worker, msg, lr):
@@ -154,7 +154,7 @@ def test_a_second_run_on_a_locked_directory_fails_at_once_naming_the_pid(finishe
 
 def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path, capsys):
     out = tmp_path / "R"
-    locker = ("import sys, time; from stalegrad.rundir import RunWriter; RunWriter(sys.argv[1]).open(); "
+    locker = ("import sys, time; from stalegrad.run.rundir import RunWriter; RunWriter(sys.argv[1]).open(); "
               "print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", locker, str(out)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -245,7 +245,7 @@ def test_every_json_file_is_strict_and_a_divergence_is_reported(tmp_path, capsys
 def test_a_run_directory_removed_mid_run_ends_in_one_line(tmp_path, capsys, monkeypatch):
     import shutil
 
-    from stalegrad.rundir import RunWriter as Writer
+    from stalegrad.run.rundir import RunWriter as Writer
     out = tmp_path / "R"
     metric = Writer.metric
     calls = []
@@ -477,7 +477,7 @@ def test_a_resume_changes_nothing_before_its_first_step(checkpointed, tmp_path, 
     """The extension of a finished run stopped before its first message: still the finished run."""
     out = copy_of(checkpointed, tmp_path)
     before = every_file(out)
-    from stalegrad.server import ParameterServer
+    from stalegrad.core.server import ParameterServer
 
     def push(self, worker, msg, lr):
         raise KeyboardInterrupt
@@ -489,7 +489,7 @@ def test_a_resume_changes_nothing_before_its_first_step(checkpointed, tmp_path, 
 def test_an_interrupt_once_summary_json_is_written_is_ignored(tmp_path, capsys, monkeypatch):
     """Issue 32 item 14: the run is finished; the command exits 0 (its summary line said), no traceback,
     and a caller in this process gets its own SIGINT handler back."""
-    import stalegrad.rundir as rundir
+    import stalegrad.run.rundir as rundir
     from pathlib import Path
     written = rundir.write_json
 
@@ -652,7 +652,7 @@ def test_ctrl_c_during_the_final_writes_leaves_an_unfinished_run(tmp_path, capsy
     code, _, err = cli(capsys, "train", *RUN, "--out", out)
     assert code == 130 and "interrupted" in err
     assert (out / "metrics.jsonl").exists() and not (out / "summary.json").exists()
-    from stalegrad.results import is_finished
+    from stalegrad.run.results import is_finished
     assert not is_finished(out)
 
 

@@ -11,10 +11,10 @@ import torch
 
 import stalegrad as sg
 from stalegrad.algorithms import ALGORITHMS, make_algorithm
-from stalegrad.config import RunConfig
+from stalegrad.run.config import RunConfig
 from stalegrad.runtimes import Runtime, Simulator, Training
 from stalegrad.runtimes.base import Training as TrainingProtocol
-from stalegrad.training import TrainingRun
+from stalegrad.run.training import TrainingRun
 
 from helpers import Stop, blobs, stop_after_first_checkpoint
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import stalegrad as sg
-from stalegrad.config import RunConfig
+from stalegrad.run.config import RunConfig
 from stalegrad.data.split import VAL_SPLIT_SEED, holdout, split_indices, val_count
 from stalegrad.errors import ConfigError
-from stalegrad.selection import edges, extend, failure_rate, run_failure, score, select
-from stalegrad.stats import (DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, bootstrap, quantile, ratio_of_gaps, t_interval,
+from stalegrad.study.selection import edges, extend, failure_rate, run_failure, score, select
+from stalegrad.study.stats import (DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, bootstrap, quantile, ratio_of_gaps, t_interval,
                              t_quantile, verdict)
 from tests.helpers import TEST, TRAIN, blobs
 
@@ -241,7 +241,7 @@ def test_every_data_set_has_the_class_count_the_chance_check_assumes():
     from pathlib import Path
 
     from stalegrad.data import DATASETS, SYNTHETIC_CLASSES
-    from stalegrad.report_protocol import NUM_CLASSES
+    from stalegrad.study.report_protocol import NUM_CLASSES
     assert DATASETS == ("mnist", "fashion-mnist", "cifar10", "digits", "synthetic") and SYNTHETIC_CLASSES == NUM_CLASSES
     for path in (Path(sg.__file__).parent / "data").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 import stalegrad as sg
 from stalegrad.errors import UsageError
-from stalegrad.server import ParameterServer
-from stalegrad.sharding import ShardedServer, local_shards, shard_bounds
+from stalegrad.core.server import ParameterServer
+from stalegrad.core.sharding import ShardedServer, local_shards, shard_bounds
 
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
 KERNELS = ["torch", pytest.param("numba", marks=pytest.mark.skipif(not HAS_NUMBA, reason="needs numba"))]

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-import stalegrad.server as server_mod
+import stalegrad.core.server as server_mod
 from stalegrad.algorithms import make_algorithm
-from stalegrad.server import NonFiniteError, ParameterServer
+from stalegrad.core.server import NonFiniteError, ParameterServer
 
 N = 1000   # with CHUNK = 64: 15 full chunks and a partial one
 
@@ -176,7 +176,7 @@ def test_a_rule_that_is_not_elementwise_runs_on_whole_vectors(monkeypatch):
 
 
 def test_flat_model_gradient_with_an_unused_parameter():
-    from stalegrad.worker import FlatModel
+    from stalegrad.core.worker import FlatModel
 
     class TwoHeads(torch.nn.Module):
         def __init__(self):
@@ -212,7 +212,7 @@ def _reference_next(stream):
 @pytest.mark.parametrize("n,M,batch,partition", [(256, 2, 128, "shard"), (1000, 3, 7, "shard"), (50, 1, 50, "iid"),
                                                  (97, 4, 24, "shard"), (300, 2, 64, "iid")])
 def test_batch_stream_gives_the_same_indices_as_before(n, M, batch, partition):
-    from stalegrad.worker import BatchStream
+    from stalegrad.core.worker import BatchStream
     for m in range(M):
         fast = BatchStream(n, m, M, batch, partition, seed=5)
         ref = BatchStream(n, m, M, batch, partition, seed=5)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from stalegrad.algorithms import ALGORITHMS, make_algorithm
-from stalegrad.server import ParameterServer
-from stalegrad.sharding import ShardedServer, local_shards, merge_states, shard_bounds, split_state
+from stalegrad.core.server import ParameterServer
+from stalegrad.core.sharding import ShardedServer, local_shards, merge_states, shard_bounds, split_state
 
 M, N = 3, 50
 # Rules whose state is a momentum: an update that overflows leaves its momentum overflowed (on one

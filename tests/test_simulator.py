@@ -173,7 +173,7 @@ def test_eval_every_sets_the_evaluation_points():
 
 
 def test_shards_are_disjoint_and_cover_the_data():
-    from stalegrad.worker import BatchStream
+    from stalegrad.core.worker import BatchStream
     streams = [BatchStream(100, m, 4, 5, "shard", seed=1) for m in range(4)]
     pools = [set(s.pool.tolist()) for s in streams]
     assert sum(len(p) for p in pools) == 100 and set().union(*pools) == set(range(100))

@@ -1,4 +1,4 @@
-"""stalegrad/stats.py: the paired t test against its closed form and scipy, Holm's correction against a
+"""stalegrad/study/stats.py: the paired t test against its closed form and scipy, Holm's correction against a
 hand-computed family and against its textbook definition on random families, and the percentile
 bootstrap's handling of resamples where a ratio is undefined (issue 31, items 4 and 6)."""
 import itertools
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from stalegrad.stats import bootstrap, holm, paired_t, ratio_of_gaps, t_interval
+from stalegrad.study.stats import bootstrap, holm, paired_t, ratio_of_gaps, t_interval
 
 
 # ---------------------------------------------------------------- paired_t

@@ -1,4 +1,4 @@
-"""The report's modelled cluster time (stalegrad/report_time.py, --time-model): the formula on hand-built
+"""The report's modelled cluster time (stalegrad/study/report_time.py, --time-model): the formula on hand-built
 messages, TE over it against hand-computed values, the central variant beside it, bad files."""
 import json
 
@@ -7,9 +7,9 @@ from click.testing import CliRunner
 
 from stalegrad.cli.report import report
 from stalegrad.errors import UsageError
-from stalegrad.grid import parse
-from stalegrad.report import write_report
-from stalegrad.report_time import (FORMAT, load_time_model, modelled_messages, modelled_te,
+from stalegrad.study.grid import parse
+from stalegrad.study.report import write_report
+from stalegrad.study.report_time import (FORMAT, load_time_model, modelled_messages, modelled_te,
                                    seconds_per_virtual_second)
 
 pytest.importorskip("matplotlib")
@@ -47,7 +47,7 @@ CENTRAL = (0.1 + 204 / 512) / (0.1 + 36 / 64)   # central TE of SQUARE against R
 
 
 def run_dict(d):
-    from stalegrad.report import usable_run
+    from stalegrad.study.report import usable_run
     return usable_run(d)
 
 

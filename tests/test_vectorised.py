@@ -9,7 +9,7 @@ from stalegrad.algorithms import make_algorithm
 from stalegrad.models import build_model
 from stalegrad.runtimes import Simulator
 from stalegrad.runtimes.vectorised import BatchedGradient
-from stalegrad.worker import FlatModel
+from stalegrad.core.worker import FlatModel
 
 from helpers import blobs
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from stalegrad.algorithms import make_algorithm
-from stalegrad.worker import BatchStream, FlatModel, Worker, WorkerFactory
+from stalegrad.core.worker import BatchStream, FlatModel, Worker, WorkerFactory
 
 from helpers import blobs
 

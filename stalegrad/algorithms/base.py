@@ -2,7 +2,7 @@
 
 An algorithm has a worker side and a server side, and nothing else: no I/O,
 no transport, no clocks. Runtimes (simulator, local processes, Ray) move the
-messages; the parameter server (``stalegrad.server``) keeps the state.
+messages; the parameter server (``stalegrad.core.server``) keeps the state.
 
 Worker side
     ``worker_init(w0, num_workers)``           -> per-worker state (a dict)

@@ -1,6 +1,6 @@
 """``stalegrad grid FILE.toml --out DIR``: a grid of ``stalegrad train`` runs, resumable.
 
-The file format, the expansion rules and the names of the cells: ``stalegrad/grid.py`` and
+The file format, the expansion rules and the names of the cells: ``stalegrad/study/grid.py`` and
 ``experiments/README.md``. Before anything is created the command validates every cell, reads what
 DIR already holds (``plan``) and loads each data set once to check every cell's data and model
 (``check_data``); then it locks DIR (one grid at a time) and runs the cells (``grid.GridRun``).
@@ -22,9 +22,9 @@ from pathlib import Path
 import click
 
 from ..errors import ConfigError, RunError, StalegradError, UsageError
-from ..grid import Cell, Grid
-from ..progress import count, eta
-from ..stages import choose, split
+from ..study.grid import Cell, Grid
+from ..run.progress import count, eta
+from ..study.stages import choose, split
 from .grid_dir import check_layout, lock, plan
 
 
@@ -74,7 +74,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, addres
     (no shared file system needed); a cell whose node dies runs again on another node. The nodes
     load the data set from their own disks.
     """
-    from ..grid import load_grid
+    from ..study.grid import load_grid
 
     g = load_grid(file, here=not dry_run)
     out_dir = Path(out) if out is not None else None
@@ -93,11 +93,11 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, addres
         return _list(g, actions)
     check_data(g.path, [c for c in g.cells if actions[c.name] != "skip"], here=address is None)
     if tensorboard is not None:
-        from ..tblog import check_logdir
+        from ..run.tblog import check_logdir
         check_logdir(tensorboard)
     cluster = None
     if address is not None:   # joined (or refused in one line) before anything is written
-        from ..grid_ray import connect
+        from ..study.grid_ray import connect
         cluster = connect(address, cpus_per_cell or 1, connect_timeout)
         threads = cluster.cpus_per_cell
     else:
@@ -117,7 +117,7 @@ def grid(file, out, jobs, dry_run, rerun_changed, no_report, tensorboard, addres
 
 def _run(g: Grid, out_dir: Path, rerun_changed: bool, cluster, jobs: int | None, threads: int, tensorboard):
     """Lock DIR and run the grid's stages, here (``GridRun``) or on ``cluster`` (``grid_ray.RayGridRun``)."""
-    from ..grid import GridRun
+    from ..study.grid import GridRun
     created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -141,7 +141,7 @@ def _run(g: Grid, out_dir: Path, rerun_changed: bool, cluster, jobs: int | None,
         _echo_err(f"grid: {stage}{count(len(first), 'cell')}, {len(first) - todo} already done, {todo} to run, "
                   f"{where} -> {out_dir}")
         if cluster is not None:
-            from ..grid_ray import RayGridRun
+            from ..study.grid_ray import RayGridRun
             runner = RayGridRun(g, out_dir, actions, cluster, jobs=jobs, on_cell=_progress)
         else:
             runner = GridRun(g, out_dir, actions, jobs, threads, on_cell=_progress,
@@ -258,7 +258,7 @@ def _report(g: Grid, out_dir: Path, run_dirs: list[Path]) -> None:
     if not run_dirs:
         return _echo_err("grid: no report: no cell finished")
     try:
-        from ..report import write_report
+        from ..study.report import write_report
     except ImportError as e:
         return _echo_err(f"grid: no report: this stalegrad has no report module ({e}); the runs are in "
                          f"{out_dir / 'runs'}")

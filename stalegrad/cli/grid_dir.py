@@ -9,9 +9,9 @@ import tomllib
 from pathlib import Path
 
 from ..errors import RunError, UsageError
-from ..grid import GRID_FILE_LIMIT, Grid, toml_value
-from ..files import UnreadableFile, read_text
-from ..results import DamagedRun, is_finished, read_summary
+from ..study.grid import GRID_FILE_LIMIT, Grid, toml_value
+from ..run.files import UnreadableFile, read_text
+from ..run.results import DamagedRun, is_finished, read_summary
 
 
 def check_layout(out: Path, report: bool = True) -> None:

@@ -16,9 +16,9 @@ import click
 from click.core import ParameterSource
 
 from ..algorithms import ALGORITHMS, make_algorithm, renamed
-from ..config import ON_NONFINITE, PARTITIONS, RunConfig
+from ..run.config import ON_NONFINITE, PARTITIONS, RunConfig
 from ..data import DATASETS
-from ..delays import DEFAULT_DELAY, DELAY_MODELS, deprecation, renamed_delay
+from ..core.delays import DEFAULT_DELAY, DELAY_MODELS, deprecation, renamed_delay
 from ..errors import ConfigError, UsageError
 from ..models import INITS, MODELS
 from ..runtimes import RUNTIMES

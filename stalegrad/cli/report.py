@@ -68,7 +68,7 @@ def report(dirs, out, target, baseline, variant, time_model, heatmap, select_see
     their seed form one group; every cell is mean ± std over seeds (number of seeds). A damaged run
     is left out with one line on stderr saying why; with no usable run left, nothing is written.
     """
-    from ..report import write_report
+    from ..study.report import write_report
 
     def skipped(run_dir, reason):
         click.echo(f"stalegrad: warning: skipped {run_dir}: {reason}", err=True)

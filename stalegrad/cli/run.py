@@ -9,7 +9,7 @@ import click
 from click.core import ParameterSource
 
 from ..algorithms import ALGORITHMS, as_saved
-from ..delays import DEFAULT_DELAY, renamed_delay
+from ..core.delays import DEFAULT_DELAY, renamed_delay
 from ..errors import UsageError
 from .options import ALGO_FLAGS, NOT_IN_CONFIG, apply_config_file, build_config, build_runtime, named_in_file, run_options
 
@@ -25,7 +25,7 @@ def check_options(algo_name: str, params: dict):
     runtime = build_runtime(params)
     runtime.check(config)
     if params.get("tensorboard") is not None:
-        from ..tblog import check_logdir
+        from ..run.tblog import check_logdir
         check_logdir(params["tensorboard"])
     return config, runtime
 
@@ -40,11 +40,11 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
     """
     import torch
 
-    from ..checkpoint import CHECKPOINT_FILE
+    from ..run.checkpoint import CHECKPOINT_FILE
     from ..models import build_model
-    from ..resources import check_memory, meta_model
-    from ..rundir import RunWriter
-    from ..training import train
+    from ..core.resources import check_memory, meta_model
+    from ..run.rundir import RunWriter
+    from ..run.training import train
 
     config, runtime = check_options(algo_name, params)
     config.check_data(train_set, test_set)
@@ -63,7 +63,7 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
     with contextlib.nullcontext(writer) if opened else writer:   # locked for the run
         on_eval, board = writer.metric, None
         if tensorboard is not None:
-            from ..tblog import TensorBoardLog
+            from ..run.tblog import TensorBoardLog
             board = TensorBoardLog(tensorboard)
 
             def on_eval(record):
@@ -109,7 +109,7 @@ def summary_line(name: str, res, out: Path) -> str:
 @click.pass_context
 def train(ctx, algo, out, resume, **params):
     """Train one model with one algorithm and write the run to --out (or continue one with --resume)."""
-    from ..rundir import RunWriter   # (no torch: the refusals below come before it is imported)
+    from ..run.rundir import RunWriter   # (no torch: the refusals below come before it is imported)
 
     params["algo"] = algo
     origins: dict = {}   # the options a --config file gave: its errors name the file
@@ -131,7 +131,7 @@ def train(ctx, algo, out, resume, **params):
 
 def _train(params: dict, out: Path, writer, resume: bool):
     """``train``'s run, its options resolved."""
-    from ..rundir import RunWriter
+    from ..run.rundir import RunWriter
     algo = params["algo"]
     params = {k: v for k, v in params.items() if k != "algo"}
     check_options(algo, params)   # a bad option fails fast, before the data set is read
@@ -241,8 +241,8 @@ def compare(ctx, algos, out, **params):
     out = Path(out)
     with named_in_file(ctx.command, origins):
         per_algo = _check_compare(names, params, out)   # every run checked before the first one starts
-    from ..metrics import temporal_efficiency
-    from ..results import write_json
+    from ..run.metrics import temporal_efficiency
+    from ..run.results import write_json
 
     train_set, test_set = load_data(params)
     with named_in_file(ctx.command, origins):
@@ -291,7 +291,7 @@ def _check_compare(names: list[str], params: dict, out: Path) -> list[tuple[str,
                 p[k] = None
         check_options(name, p)
         per_algo.append((name, p))
-    from ..rundir import RunWriter   # (imports torch: not for a mistake in the options)
+    from ..run.rundir import RunWriter   # (imports torch: not for a mistake in the options)
     for name, _ in per_algo:
         RunWriter(out / name, overwrite=params["overwrite"])   # only checks: an existing run, a file in the way
     return per_algo
@@ -303,7 +303,7 @@ def shown_delay(delay) -> str:
 
 
 def _table(rows: list[dict], params: dict, base: str) -> str:
-    from ..progress import count
+    from ..run.progress import count
     head = (f"{params['dataset']} / {params['model']}, {count(params['epochs'], 'epoch')}, batch {params['batch_size']}, "
             f"delay {shown_delay(params.get('delay'))}, seed {params['seed']}")
     cols = ["algorithm", "M", "test acc", "best acc", "test loss", "tau mean", "tau max", "updates",

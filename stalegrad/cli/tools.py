@@ -22,7 +22,7 @@ def plot(runs, out, x_axis, y_axis, no_staleness, title):
 
     A compare directory stands for all its runs.
     """
-    from ..plot import plot_runs
+    from ..study.plot import plot_runs
     dirs = []
     for r in map(Path, runs):
         inner = sorted(p.parent for p in r.glob("*/summary.json")) if not (r / "summary.json").exists() else []

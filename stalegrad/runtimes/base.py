@@ -2,7 +2,7 @@
 
 A runtime decides *when* each worker pulls, computes and pushes, and *how*
 weights and messages travel. It owns its workers. It receives a ``Training``
-(in practice ``stalegrad.training.TrainingRun``) and drives it to its sample
+(in practice ``stalegrad.run.training.TrainingRun``) and drives it to its sample
 budget; the math lives in the algorithm, the state in the server and the
 workers, the accounting (epochs, evaluation, metrics, checkpoints' files)
 in the training run. A new runtime implements ``Runtime`` against
@@ -25,7 +25,7 @@ back the dict it last gave ``save_checkpoint`` when a run is resumed.
 Optional: a runtime that declares ``supports_probes = True`` (only the
 simulator, which alone can recompute a stale gradient) hands every message to
 ``training.probes.observe(m, worker, pulled, msg, server, lr)`` before pushing
-it, when ``training.probes`` is not None (``stalegrad.prober``; ``train``
+it, when ``training.probes`` is not None (``stalegrad.core.prober``; ``train``
 refuses ``probe_every`` for other runtimes).
 """
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from ..server import ParameterServer
-    from ..worker import WorkerFactory
+    from ..core.server import ParameterServer
+    from ..core.worker import WorkerFactory
 
 
 class Evaluator(Protocol):
@@ -107,7 +107,7 @@ class Training(Protocol):
 
     @property
     def probes(self):
-        """None, or (``probe_every``) the ``stalegrad.prober.Prober`` that a runtime declaring
+        """None, or (``probe_every``) the ``stalegrad.core.prober.Prober`` that a runtime declaring
         ``supports_probes = True`` hands each message with ``observe(m, worker, pulled, msg, server, lr)``
         just before pushing it."""
 

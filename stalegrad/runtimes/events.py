@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import random
 
-from ..delays import DelayModel, Trace
+from ..core.delays import DelayModel, Trace
 from .base import Training
 
 
@@ -81,7 +81,7 @@ class EventLoop:
         if not self.algo.pull_before_compute:
             self.pulled[m] = server.pull(m, out=self.pulled[m])
         msg = worker.message(self.pulled[m], computed)
-        if training.probes is not None:   # a stalegrad.prober.Prober with --probe-every
+        if training.probes is not None:   # a stalegrad.core.prober.Prober with --probe-every
             training.probes.observe(m, worker, self.pulled[m], msg, server, lr)
         server.push(m, msg, lr)
         training.after_push(worker.samples_per_message, loss, self.now, train_acc=train_acc)
@@ -194,7 +194,7 @@ class Replay:
 
 
 def to_device(obj, device):
-    from ..server import to_device as move   # the server imports torch; help and argument errors must not
+    from ..core.server import to_device as move   # the server imports torch; help and argument errors must not
     return move(obj, device)
 
 

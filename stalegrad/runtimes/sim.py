@@ -13,7 +13,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..delays import DEFAULT_DELAY, DelayModel, Trace, check_clock, deprecation, parse_delay, renamed_delay
+from ..core.delays import DEFAULT_DELAY, DelayModel, Trace, check_clock, deprecation, parse_delay, renamed_delay
 from ..errors import ConfigError, check_finite_positive
 from .base import Training
 from .events import EventLoop, Replay
@@ -25,7 +25,7 @@ class Simulator:
     step_time: float = 1.0   # virtual seconds of one local step of a speed-1 worker
     vectorised: bool = False  # batch the gradients of workers whose pushes fall due together
     threads: int | None = None  # torch's intra-op threads; None: measured (numerics.ThreadGovernor)
-    supports_probes = True    # calls training.probes.observe (stalegrad/prober.py) with every message
+    supports_probes = True    # calls training.probes.observe (stalegrad/core/prober.py) with every message
     _governor = None          # inside numerics(): the ThreadGovernor
 
     def __post_init__(self):
@@ -71,7 +71,7 @@ class Simulator:
         import torch
 
         from .. import numerics
-        from ..worker import FlatModel
+        from ..core.worker import FlatModel
         governor, factory = self._governor, training.worker_factory
         if factory.model is None or factory.model.flat.device.type != "cpu" or governor.candidates == [1]:
             return

@@ -52,8 +52,8 @@ import heapq
 import torch
 from torch import Tensor, nn
 
-from ..delays import Trace
-from ..worker import FlatModel
+from ..core.delays import Trace
+from ..core.worker import FlatModel
 from .base import Training
 from .events import EventLoop
 

@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 
 from ...errors import ConfigError, check_finite_positive
-from ...rundir import check_writable
+from ...errors import check_writable
 from ..base import Training
 from .processes import (START_METHODS, available_memory, check_start_method, cores, default_start_method,
                         default_threads)

@@ -9,8 +9,8 @@ import traceback
 import torch
 from torch import Tensor
 
-from ...server import to_device
-from ...worker import FlatModel, WorkerFactory
+from ...core.server import to_device
+from ...core.worker import FlatModel, WorkerFactory
 from .processes import become_child, worker_device
 from .protocol import (ADOPT, ERROR, PULL, PULL_RING, PUSH, PUSH_RING, READY, RESTORE, STATE, STEPS, STOP, Buffers,
                        record_latency)

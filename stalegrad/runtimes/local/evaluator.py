@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ...worker import FlatModel
+from ...core.worker import FlatModel
 from .processes import become_child, describe_exit
 from .protocol import ERROR, EVAL, RESULT, STOP, Buffers, WorkerError, zeros
 

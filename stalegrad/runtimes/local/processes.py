@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ...errors import ConfigError
-from ...resources import available_memory  # noqa: F401  (re-exported: the local runtime's own check)
+from ...core.resources import available_memory  # noqa: F401  (re-exported: the local runtime's own check)
 
 START_METHODS = ("forkserver", "spawn")
 # what the fork server imports once, so that each child it forks has it already

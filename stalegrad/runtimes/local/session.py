@@ -23,7 +23,7 @@ from multiprocessing.connection import wait
 import torch
 
 from ...errors import ConfigError
-from ...server import to_device
+from ...core.server import to_device
 from ..base import Training
 from .child import worker_main
 from .evaluator import _Evaluator

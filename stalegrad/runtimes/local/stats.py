@@ -12,7 +12,7 @@ import os
 
 from torch import Tensor
 
-from ...delays import write_trace
+from ...core.delays import write_trace
 from .protocol import PULL_RING, PUSH_RING, STEPS, latencies
 
 SAMPLE_EVERY = 0.2   # seconds between two points of the timeline

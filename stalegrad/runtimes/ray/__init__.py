@@ -5,7 +5,7 @@ The same ``Worker`` and ``ParameterServer`` as every runtime, on Ray actors:
 - ``--ps-shards K`` server actors (``actors.ShardActor``), each a
   ``ParameterServer`` over one contiguous slice of the weights, driven in
   lockstep with a two-phase push so that every shard counts the same versions
-  and tau (``stalegrad/sharding.py`` explains and tests the design);
+  and tau (``stalegrad/core/sharding.py`` explains and tests the design);
 - one actor per worker (``actors.WorkerActor``), with ``--cpus-per-worker``
   and ``--gpus-per-worker`` as its Ray resource request;
 - the driver (``driver.py``) holds the training run and waits on whichever
@@ -119,7 +119,7 @@ class RayRuntime:
         if self.gpus_per_worker and not config.device.startswith("cuda"):
             raise ConfigError("gpus_per_worker", "needs device cuda: the workers would hold a GPU and not use it")
         if self.record_trace is not None:
-            from ...rundir import check_writable
+            from ...errors import check_writable
             check_writable("record_trace", self.record_trace)
         self.check_placement(config.workers)
 

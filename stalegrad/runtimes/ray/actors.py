@@ -15,8 +15,8 @@ import warnings
 import numpy as np
 import torch
 
-from ...server import ParameterServer
-from ...worker import FlatModel
+from ...core.server import ParameterServer
+from ...core.worker import FlatModel
 
 
 def to_numpy(obj):

@@ -31,10 +31,10 @@ import time
 
 import torch
 
-from ...delays import write_trace
+from ...core.delays import write_trace
 from ...errors import RunError
-from ...server import NonFiniteError
-from ...sharding import ShardedServer, merge_states, shard_bounds, split_state
+from ...core.server import NonFiniteError
+from ...core.sharding import ShardedServer, merge_states, shard_bounds, split_state
 from .actors import ShardActor, ShardRestarted, WorkerActor, to_numpy, to_torch
 from .connect import shard_placement, wait_started
 from .recovery import Recovery

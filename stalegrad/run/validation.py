@@ -9,8 +9,8 @@ the same files, the same bits (tests/test_selection.py).
 """
 from __future__ import annotations
 
-from .data.split import VAL_SPLIT_SEED, holdout
-from .errors import ConfigError
+from ..data.split import VAL_SPLIT_SEED, holdout
+from ..errors import ConfigError
 
 
 def split_run(config, train_data, module, runtime) -> tuple[object, object | None, dict]:

@@ -3,7 +3,7 @@
 The probes answer the two papers' own questions for one stale message, which
 only a simulator can: it can recompute, on the *same* mini-batch, the gradient
 ``g_now`` at the server's current weights ``w``, that the worker would have sent
-had it not been stale (``stalegrad.prober`` gathers the vectors; this module
+had it not been stale (``stalegrad.core.prober`` gathers the vectors; this module
 only computes).
 
 DC-ASGD (Zheng et al. 2017) approximates ``g_now`` by a first-order Taylor
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from ._lazy import torch
+from .._lazy import torch
 
 
 def rel_error(x, ref) -> float:
@@ -84,7 +84,7 @@ def softmax_ggn_diagonal(jacobians, probs):
     probabilities ``probs`` (B, C). Divide by the batch size for a mean loss.
 
     For a network that is piecewise linear in each single weight (linear layers, ReLU, max-pooling:
-    ``stalegrad.prober.piecewise_linear``) the logits have no second derivative along one weight, so
+    ``stalegrad.core.prober.piecewise_linear``) the logits have no second derivative along one weight, so
     this *is* the exact diagonal of the loss's Hessian, almost everywhere (tests check it against
     ``torch.func.hessian``).
     """

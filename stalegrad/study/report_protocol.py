@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import UsageError
+from ..errors import UsageError
 from .selection import cell_key, edge_text, failure_rate, run_failure, select
 from .stats import (DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, LEVEL, bootstrap, ratio_of_gaps, t_interval,
                     verdict)
@@ -83,7 +83,7 @@ def check_spec(spec: dict, where: str) -> dict:
     arms = spec.get("arms")
     if arms is not None and (not isinstance(arms, dict) or not all(isinstance(v, dict) and v for v in arms.values())):
         raise UsageError(f"{where}: arms must be a table of name = {{setting = value, ...}}, got {arms!r}")
-    from .algorithms import ALGORITHMS
+    from ..algorithms import ALGORITHMS
     known = [*ALGORITHMS, *(arms or {})]
     for key, name in claim_names(spec):
         if name not in known:
@@ -328,7 +328,7 @@ def render_protocol(p: dict) -> list[str]:
            f"{', '.join(p['tune'])}; every other setting is a cell of its own. Test accuracy of the selected "
            f"setting on the reporting seeds ({', '.join(map(str, p['report_seeds']))}). Intervals: "
            f"{p['level']:.0%}; t interval over seeds for means and paired differences, percentile bootstrap over "
-           "seeds for the gap closure (stalegrad/stats.py).", ""]
+           "seeds for the gap closure (stalegrad/study/stats.py).", ""]
     said = p["warnings"] + p.get("not_evaluated", [])
     out += [f"**Warning:** {w}." for w in said] + ([""] if said else [])
     out += ["The sections after this one describe every group on every seed, test accuracy included: they "

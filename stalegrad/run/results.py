@@ -22,7 +22,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 from .files import JSON_LIMIT, JSONL_LIMIT, UnreadableFile, read_text
 
 class OutputError(UsageError):
@@ -281,7 +281,7 @@ def load_model(run_dir: str | os.PathLike) -> "torch.nn.Module":
     """Rebuild the final model of a run made with a named model (``--model``)."""
     import torch
 
-    from .models import build_model
+    from ..models import build_model
     path = Path(run_dir) / "model.pt"
     payload = torch.load(path, map_location="cpu", weights_only=True)
     spec = payload.get("model") or {}

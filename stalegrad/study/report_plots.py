@@ -9,8 +9,8 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from .errors import UsageError
-from .progress import count
+from ..errors import UsageError
+from ..run.progress import count
 
 PLOTS = {   # name: (file, caption)
     "accuracy": ("accuracy.png", "Test accuracy against epochs, wall time and virtual time: the mean over seeds, "

@@ -13,12 +13,12 @@ import operator
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def resolve_model(model, input_shape, num_classes) -> nn.Module:
     """``model`` as a module: a module as it is, a model name built for the data, a factory called."""
-    from .models import build_model
+    from ..models import build_model
     if isinstance(model, nn.Module):
         return model
     if isinstance(model, str):

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 DELAY_MODELS = ("exponential", "gamma:SHAPE", "heterogeneous:sqrt|linear", "straggler:K", "round-robin", "trace:FILE")

@@ -19,18 +19,18 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .algorithms import Algorithm
+from ..algorithms import Algorithm
 from .config import RunConfig, default_lr  # noqa: F401  (default_lr: part of the API)
-from .errors import ConfigError
+from ..errors import ConfigError
 from .model_check import check_model, num_classes, resolve_model
-from .models.init import initialise
+from ..models.init import initialise
 from .progress import Progress, make_progress
-from .resources import check_memory
-from .runtimes.base import Evaluator
-from .schedules import LRSchedule
-from .server import ParameterServer, StalenessLog
+from ..core.resources import check_memory
+from ..runtimes.base import Evaluator
+from ..core.schedules import LRSchedule
+from ..core.server import ParameterServer, StalenessLog
 from .validation import evaluate_val, split_run, summary_figures
-from .worker import FlatModel, WorkerFactory
+from ..core.worker import FlatModel, WorkerFactory
 
 
 @dataclass
@@ -43,7 +43,7 @@ class TrainResult:
     model: nn.Module
     staleness_log: StalenessLog   # (worker, tau) of every applied update, in order
     messages: list[dict] = ()     # one per pushed message: MESSAGE_FIELDS (messages.jsonl)
-    probes: list[dict] | None = None   # with probe_every: one record per probe (stalegrad/prober.py)
+    probes: list[dict] | None = None   # with probe_every: one record per probe (stalegrad/core/prober.py)
 
     def update_log(self) -> list[tuple[int, int]]:
         return list(zip(self.staleness_log.workers, self.staleness_log.taus))
@@ -112,7 +112,7 @@ class TrainingRun:
         self._progress = progress
         self.probes = None   # the simulator's hook (runtimes/base.py), with probe_every
         if config.probe_every:
-            from .prober import Prober
+            from ..core.prober import Prober
             self.probes = Prober(config.probe_every, algorithm, self.model.module, self.worker_factory.x,
                                  self.worker_factory.y, config.seed, config.workers, epoch=lambda: self.epoch)
             self.resolved["probes"] = self.probes.describe()
@@ -337,7 +337,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
     ``checkpoint_every=N`` writes the complete state to ``checkpoint_path`` every N server updates;
     ``resume=PATH`` continues from such a checkpoint (of the same configuration) instead of starting afresh.
     """
-    from .runtimes import make_runtime
+    from ..runtimes import make_runtime
 
     given = {k: v for k, v in dict(algorithm=algorithm, workers=workers).items() if v is not None}
     if config is None:

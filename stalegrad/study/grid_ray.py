@@ -37,8 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import __version__
-from .errors import UsageError
+from .. import __version__
+from ..errors import UsageError
 from .grid import CHILD, GridRun
 
 MAX_RETRIES = 3          # Ray runs a cell again on another node this often when its node or worker dies
@@ -173,8 +173,8 @@ class Cluster:
 
 def connect(address: str, cpus_per_cell: int, connect_timeout: float | None = None) -> Cluster:
     """Join the cluster at ``address`` for a grid, or one line (UsageError, exit 2) saying why not."""
-    from .runtimes.ray import ray_module
-    from .runtimes.ray.connect import (CONNECT_TIMEOUT, divert_ray_errors, init_quietly, probe, session_logs,
+    from ..runtimes.ray import ray_module
+    from ..runtimes.ray.connect import (CONNECT_TIMEOUT, divert_ray_errors, init_quietly, probe, session_logs,
                                        split_address)
     ray = ray_module()
     split_address(address)

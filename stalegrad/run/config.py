@@ -14,33 +14,17 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .algorithms import Algorithm, make_algorithm
-from .errors import ConfigError, check_finite_positive
-from .models.init import INITS
+from ..algorithms import Algorithm, make_algorithm
+from ..errors import ConfigError, check_finite_positive
+from ..core.prober import probe_kind
+from ..core.server import ON_NONFINITE
+from ..core.worker import MAX_COPIES, PARTITIONS, parse_partition
+from ..models.init import INITS
 
-PARTITIONS = ("shard", "iid", "replicate:K")   # as the help lists them; parse_partition reads a value
-MAX_COPIES = 128   # replicate:K holds K x N sample indices; dist-keras' largest MNIST file had 101 copies
-ON_NONFINITE = ("skip", "stop")
+__all__ = ["RunConfig", "ON_NONFINITE", "PARTITIONS", "MAX_COPIES", "parse_partition", "probe_kind"]  # the last five: core's, re-exported
+
 MAX_SEED = 2**32 - 1   # the mini-batch streams derive per-worker seeds from it in 64 bits
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
-
-
-def parse_partition(partition) -> tuple[str, int]:
-    """``(layout, copies)`` of a ``partition`` value: ``("shard", 1)``, ``("iid", 1)`` or ``("replicate", K)``.
-
-    ``replicate:K`` is the thesis's layout (Hermans 2017, through dist-keras): the training set written K
-    times over, one random permutation of the K x N rows dealt into one contiguous slice per worker (Spark's
-    ``repartition(n)``), so a worker holds K x N / n rows, some of them twice, with about
-    N (1 - (1 - 1/n)^K) distinct samples. An epoch still counts N samples (one pass over the data set given),
-    as under every layout: the thesis's "40 epochs" over its 11 copies are ``--epochs 440``."""
-    if partition in ("shard", "iid"):
-        return partition, 1
-    if isinstance(partition, str) and partition.startswith("replicate:"):
-        k = partition.split(":", 1)[1]
-        if k.isdigit() and 1 <= int(k) <= MAX_COPIES:
-            return "replicate", int(k)
-    raise ConfigError("partition", f"must be shard, iid or replicate:K with K copies from 1 to {MAX_COPIES} "
-                                   f"(the thesis's layout: replicate:11), got {partition!r}")
 
 
 @dataclass
@@ -60,7 +44,7 @@ class RunConfig:
     on_nonfinite: str = "skip"
     checkpoint_every: int = 0
     init: str = "torch"                  # weight initialisation: torch, glorot-uniform, he-normal (models/init.py)
-    probe_every: int = 0                 # simulator probes every this many server updates (stalegrad/prober.py)
+    probe_every: int = 0                 # simulator probes every this many server updates (stalegrad/core/prober.py)
     val_split: int | float = 0           # training samples held out for validation: a count, or a fraction in (0, 1)
     extra: dict = field(default_factory=dict)   # recorded in config.json as given (data set, model name, ...)
 
@@ -145,7 +129,7 @@ class RunConfig:
 
     def val_samples(self, n: int) -> int:
         """How many of ``n`` training samples this (validated) configuration holds out for validation."""
-        from .data.split import val_count
+        from ..data.split import val_count
         return val_count(self.val_split, n)
 
     def _milestones(self) -> tuple[float, ...]:
@@ -235,17 +219,6 @@ class RunConfig:
                 "checkpoint_every": self.checkpoint_every, "init": self.init, "probe_every": self.probe_every,
                 # only with a split: the config.json of a run without one is as it was before val_split
                 **({"val_split": self.val_split} if self.val_split else {}), **self.extra}
-
-
-def probe_kind(algorithm: Algorithm) -> str | None:
-    """What the simulator's probes measure of ``algorithm``: 'gradient' (one gradient at the pulled
-    weights, applied asynchronously), 'commit' (an accumulated commit), or None (not measured)."""
-    from .algorithms.agn import CommitAlgorithm
-    if algorithm.synchronous or not algorithm.pull_before_compute or not algorithm.probed:
-        return None
-    if algorithm.vectorisable:
-        return "gradient"
-    return "commit" if isinstance(algorithm, CommitAlgorithm) else None
 
 
 def _same(name: str, a, b) -> bool:

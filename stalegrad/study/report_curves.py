@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .metrics import temporal_efficiency
+from ..run.metrics import temporal_efficiency
 from .report_time import modelled_te
 
 WINDOW_S = 5.0          # the workers variant: training accuracy averaged over windows of real time

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import UsageError
+from ..errors import UsageError
 
 # Beside the algorithm's own state: the server's weights, its model's weights and gradients, the update.
 SERVER_COPIES = 4

@@ -10,7 +10,7 @@ The file has four tables (experiments/README.md says more; [protocol]: ``report_
     workers = [4, 8, 16]
     seeds = [0, 1, 2]                     # or seed
     lam0 = [1.0, 2.0]                     # any algorithm parameter or train option
-    [report]         # target, baseline, time_model: for the report written at the end (stalegrad.report)
+    [report]         # target, baseline, time_model: for the report written at the end (stalegrad.study.report)
     target = 0.85
     [protocol]       # select on validation (--val-split) over seeds 0-2, report test accuracy on 3-9
     select_seeds = [0, 1, 2]
@@ -50,12 +50,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import RunError, UsageError
+from ..errors import RunError, UsageError
 from .grid_names import cell_name, toml_value
 from .report_protocol import grid_protocol
 from .report_time import grid_time_model
-from .files import JSONL_LIMIT, UnreadableFile, disk_full, read_text
-from .results import DamagedRun, atomic_write, is_finished, last_line, read_summary, write_json
+from ..run.files import JSONL_LIMIT, UnreadableFile, disk_full, read_text
+from ..run.results import DamagedRun, atomic_write, is_finished, last_line, read_summary, write_json
 
 ALIASES = {"algos": "algo", "seeds": "seed"}
 REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "rerun the grid to resume it",
@@ -93,13 +93,13 @@ class Grid:
 
 
 def _train_options() -> tuple[dict, dict]:
-    from .cli.run import train
+    from ..cli.run import train
     return {p.name: p for p in train.params}, {o.lstrip("-"): p.name for p in train.params for o in p.opts}
 
 
 def _check_value(where: str, key: str, v, param) -> None:
     """A value of ``param`` in the grid file, typed as ``stalegrad train --config`` wants it."""
-    from .cli.options import toml_value_problem
+    from ..cli.options import toml_value_problem
     if isinstance(v, list) and param.callback is None:     # (hidden, lr_milestones take a list)
         raise UsageError(f"{where} {key} is a list: put it in [axes] to make it an axis" if "[fixed]" in where
                          else f"{where} {key}: each value must be a single value, not {v!r}")
@@ -168,8 +168,8 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
 
 def expand(path, fixed: dict, axes: dict) -> list[Cell]:
     """The cells of the grid (see the module docstring), in the order of the product."""
-    from .algorithms import ALGORITHMS, renamed
-    from .cli.options import ALGO_FLAGS
+    from ..algorithms import ALGORITHMS, renamed
+    from ..cli.options import ALGO_FLAGS
     by_name, _ = _train_options()
     algos = axes.get("algo", [fixed.get("algo", by_name["algo"].default)])
     for a in (a for a in algos if a not in ALGORITHMS):
@@ -203,8 +203,8 @@ def expand(path, fixed: dict, axes: dict) -> list[Cell]:
 
 def train_params(cell_toml: Path) -> tuple[str, dict]:
     """(algorithm, params) exactly as ``stalegrad train --config CELL_TOML`` builds them."""
-    from .cli.options import apply_config_file
-    from .cli.run import train
+    from ..cli.options import apply_config_file
+    from ..cli.run import train
     ctx = train.make_context("train", ["--config", str(cell_toml)])
     params = apply_config_file(ctx, {k: v for k, v in ctx.params.items() if k not in ("out", "resume")})
     params.pop("out", None)
@@ -214,7 +214,7 @@ def train_params(cell_toml: Path) -> tuple[str, dict]:
 def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
     """Parse, expand and validate a grid file; every mistake is one ``UsageError`` line. ``here=False``
     (a dry run) accepts a CUDA device that this machine lacks (the file is for another machine)."""
-    from .cli.run import check_options
+    from ..cli.run import check_options
     fixed, axes, report = parse(path)
     cells = expand(path, fixed, axes)
     baseline = report.get("baseline")

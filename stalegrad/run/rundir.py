@@ -7,7 +7,7 @@
     summary.json     final/best accuracy, times, updates, staleness, weights hash
     model.pt         the final model (state_dict plus what rebuilds it)
     checkpoint.pt    the complete state, with --checkpoint-every
-    probes.jsonl     one JSON object per probe, with --probe-every (stalegrad/prober.py)
+    probes.jsonl     one JSON object per probe, with --probe-every (stalegrad/core/prober.py)
 
 The guarantees, in the order a run meets them:
 
@@ -47,7 +47,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import RunError
+from ..errors import RunError
 from .results import OutputError, append_line, atomic_torch_save, atomic_write, json_text, write_failure, write_json
 
 RUN_FILES = ("config.json", "metrics.jsonl", "messages.jsonl", "staleness.json", "summary.json", "model.pt",
@@ -234,40 +234,3 @@ def _read_only_fs(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
-
-
-def check_writable(param: str, path: str | os.PathLike) -> None:
-    """Refuse an output file that could not be written at the end of a run: try to write it now.
-
-    Such files (a trace) are written through a temporary file in the same directory; both are
-    created here and removed again (the file only if it did not exist before), so that a missing or
-    read-only directory, /proc, a read-only mount or missing permissions are found before training.
-    ``ConfigError`` names ``param``.
-    """
-    from .errors import ConfigError
-    shown = repr(str(path))
-    target = Path(path)            # as written: a symbolic link is replaced, not followed
-    parent = target.parent
-    created = False
-    try:
-        if not parent.is_dir():
-            why = "does not exist" if not parent.exists() else "is not a directory"
-            raise ConfigError(param, f"is {shown}, but the directory {os.path.abspath(parent)} {why}")
-        if target.is_dir():
-            raise ConfigError(param, f"is {shown}, but that is a directory; give a file name")
-        existed = target.exists()
-        if existed and not target.is_file():
-            raise ConfigError(param, f"is {shown}, but that is not a regular file (the run replaces it)")
-        with open(target, "a"):   # an existing file is not changed: this appends nothing
-            created = not existed
-        if created:
-            target.unlink()
-            created = False
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".check", dir=parent)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as e:
-        if created:   # created, then something else failed
-            target.unlink(missing_ok=True)
-        raise ConfigError(param, f"is {shown}, but the file cannot be written there "
-                                 f"({e.strerror or e})") from None

@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 EVAL_SCALARS = ("test_acc", "test_loss", "train_loss", "train_acc", "tau_mean", "lr", "epoch", "virtual_s",
                 "nonfinite_skipped")

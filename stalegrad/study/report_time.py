@@ -56,8 +56,8 @@ import json
 import math
 from pathlib import Path
 
-from .errors import UsageError
-from .metrics import temporal_efficiency
+from ..errors import UsageError
+from ..run.metrics import temporal_efficiency
 
 FORMAT = "stalegrad-time-model/1"
 WINDOWS = 20               # windows of modelled time over the shorter run of a pair, at most
@@ -94,7 +94,7 @@ def _check_entry(path, algo: str, e) -> dict:
 
 def load_time_model(path) -> dict:
     """The checked time model in ``path``; ``TimeModelError`` (one line) if it is missing or malformed."""
-    from .files import JSON_LIMIT, UnreadableFile, read_text
+    from ..run.files import JSON_LIMIT, UnreadableFile, read_text
     try:
         text = read_text(path, JSON_LIMIT)
     except FileNotFoundError:
@@ -226,7 +226,7 @@ def summarise(groups: list[dict], model: dict) -> dict:
         if approximate_delay(r):
             approximate.append(g["label"])
     return {**describe(model), "approximate": approximate,
-            "formula": "T = V x t(W) / (step_time x W), t(W) = step_s x W + commit_s (stalegrad/report_time.py)"}
+            "formula": "T = V x t(W) / (step_time x W), t(W) = step_s x W + commit_s (stalegrad/study/report_time.py)"}
 
 
 def grid_time_model(grid_path, report: dict) -> None:

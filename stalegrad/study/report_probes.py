@@ -28,8 +28,8 @@ PROBE_NUMBERS = ("cos_eval", "cos_prev", "update_norm")
 
 def read_probes(run_dir) -> list[dict] | None:
     """The probes of a run, None if it has none; ``DamagedRun`` for a file that is no probes file."""
-    from .files import JSONL_LIMIT, UnreadableFile, read_text
-    from .results import DamagedRun, is_number
+    from ..run.files import JSONL_LIMIT, UnreadableFile, read_text
+    from ..run.results import DamagedRun, is_number
     d = Path(run_dir)
     try:
         text = read_text(d / PROBES_FILE, JSONL_LIMIT)

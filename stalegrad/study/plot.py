@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import RunError, UsageError
-from .files import StagedFiles, disk_full
-from .results import read_run
+from ..errors import RunError, UsageError
+from ..run.files import StagedFiles, disk_full
+from ..run.results import read_run
 
 X_AXES = ("virtual_s", "wall_s", "epoch", "updates", "samples")
 Y_AXES = ("test_acc", "test_loss", "train_loss", "tau_mean", "lr")

@@ -18,7 +18,7 @@ import operator
 
 from torch import Tensor
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def worker_id(worker, num_workers: int, call: str) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint_schema import damage, first_line
-from .errors import ConfigError, RunError, UsageError
+from ..errors import ConfigError, RunError, UsageError
 from .results import atomic_torch_save, write_failure
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -161,7 +161,7 @@ def _with_defaults(algorithm: dict) -> dict:
     """A saved algorithm's parameters, with those added since it was saved: the value its rule had
     (``algorithms.ADDED``: sasgd's staleness offset, gap-aware's reading), else today's default (the outer
     optimizer of agn, downpour and dynsgd): a checkpoint made before them resumes as it ran."""
-    from .algorithms import ALGORITHMS, as_saved
+    from ..algorithms import ALGORITHMS, as_saved
     cls = ALGORITHMS.get(algorithm.get("name"))
     return algorithm if cls is None else {**cls().to_dict(), **as_saved(algorithm["name"], algorithm)}
 

@@ -1,4 +1,4 @@
-"""The names of a grid's cells and the TOML of their values (``stalegrad/grid.py``).
+"""The names of a grid's cells and the TOML of their values (``stalegrad/study/grid.py``).
 
 Names: the algorithm and a part for every axis that applies to the cell, joined by ``-``, e.g.
 ``asgd-M8-lr0.1-gamma2-s0``; a name longer than 150 characters is cut, with a hash that keeps it unique.
@@ -36,7 +36,7 @@ def name_value(v) -> str:
 
 
 def _part_order(key: str) -> tuple:
-    from .cli.options import ALGO_FLAGS
+    from ..cli.options import ALGO_FLAGS
     rank = {"algo": 0, "workers": 1, "window": 2, "lr": 3, "delay": 6, "seed": 7}
     return (rank.get(key, 4 if key in ALGO_FLAGS else 5), key)
 

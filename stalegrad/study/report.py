@@ -11,15 +11,15 @@ import math
 import statistics
 from pathlib import Path
 
-from .errors import RunError, UsageError
+from ..errors import RunError, UsageError
 from .report_plots import PLOTS, choose_heatmap_axes, fmt_value, make_plots, order, render
 from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
 from .report_protocol import analyse_protocol, render_protocol
 from .report_curves import (TIMES, WINDOW_S, central_curve, efficiencies, logs_train_acc, pair_efficiency,
                             time_to_target)
 from .report_time import MESSAGES_PER_WINDOW, WINDOWS, load_time_model, seconds_per_virtual_second, summarise
-from .files import StagedFiles, disk_full
-from .results import DamagedRun, flat_config, read_run, write_json
+from ..run.files import StagedFiles, disk_full
+from ..run.results import DamagedRun, flat_config, read_run, write_json
 
 # Settings that do not change the experiment (where files go, how often to checkpoint), and the seed.
 IGNORED = ("seed", "data_dir", "checkpoint_every", "record_trace", "probe_every", "probes",   # probes change nothing
@@ -98,7 +98,7 @@ def usable_run(d: Path) -> dict:
 def group_runs(runs: list[dict]) -> tuple[list[dict], dict, list[str]]:
     """Groups of runs that differ only by seed, in a stable order; the axes that vary between groups
     (name -> sorted values); notes on runs left out."""
-    from .algorithms import ALGORITHMS
+    from ..algorithms import ALGORITHMS
     by_key: dict = {}
     notes = []
     for run in runs:
