@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
 from . import probes as pm
+from .options import probe_kind
 from ..algorithms import Algorithm, DCASGDAdaptive, DCASGDConstant
 
 EVAL_BATCH = 512              # training samples of the fixed batch whose gradient points towards the minimum
@@ -43,17 +44,6 @@ PROBE_SEED = 0x9E3779B9       # offsets the run's seed: the probes' own random s
 # Module types through which the logits are piecewise linear in every single weight.
 PIECEWISE_LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ReLU, nn.Flatten, nn.MaxPool1d, nn.MaxPool2d,
                     nn.MaxPool3d, nn.Identity)
-
-
-def probe_kind(algorithm: Algorithm) -> str | None:
-    """What the simulator's probes measure of ``algorithm``: 'gradient' (one gradient at the pulled
-    weights, applied asynchronously), 'commit' (an accumulated commit), or None (not measured)."""
-    from ..algorithms.agn import CommitAlgorithm
-    if algorithm.synchronous or not algorithm.pull_before_compute or not algorithm.probed:
-        return None
-    if algorithm.vectorisable:
-        return "gradient"
-    return "commit" if isinstance(algorithm, CommitAlgorithm) else None
 
 
 def piecewise_linear(module: nn.Module) -> bool:

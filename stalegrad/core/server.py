@@ -18,6 +18,7 @@ from torch import Tensor
 from . import server_checks as check
 from ..algorithms import Algorithm, fused
 from ..errors import ConfigError, RunError, UsageError
+from .options import ON_NONFINITE
 
 # Element-wise rules (see algorithms.base.elementwise) on vectors of at least
 # CHUNK_ABOVE elements run on the CPU in chunks of CHUNK elements (1 MiB of
@@ -28,8 +29,6 @@ from ..errors import ConfigError, RunError, UsageError
 # cheaper. Measured by benchmarks/chunk_sweep.py, see docs/performance.md.
 CHUNK = 1 << 18
 CHUNK_ABOVE = 1 << 22
-
-ON_NONFINITE = ("skip", "stop")   # what a push does with a non-finite message or delta
 
 
 class NonFiniteError(RunError):

@@ -16,29 +16,8 @@ from torch import Tensor, nn
 
 from ..algorithms import Algorithm
 from ..errors import ConfigError
+from .options import parse_partition
 from .server import to_device
-
-PARTITIONS = ("shard", "iid", "replicate:K")   # as the help lists them; parse_partition reads a value
-MAX_COPIES = 128   # replicate:K holds K x N sample indices; dist-keras' largest MNIST file had 101 copies
-
-
-def parse_partition(partition) -> tuple[str, int]:
-    """``(layout, copies)`` of a ``partition`` value: ``("shard", 1)``, ``("iid", 1)`` or ``("replicate", K)``.
-
-    ``replicate:K`` is the thesis's layout (Hermans 2017, through dist-keras): the training set written K
-    times over, one random permutation of the K x N rows dealt into one contiguous slice per worker (Spark's
-    ``repartition(n)``), so a worker holds K x N / n rows, some of them twice, with about
-    N (1 - (1 - 1/n)^K) distinct samples. An epoch still counts N samples (one pass over the data set given),
-    as under every layout: the thesis's "40 epochs" over its 11 copies are ``--epochs 440``."""
-    if partition in ("shard", "iid"):
-        return partition, 1
-    if isinstance(partition, str) and partition.startswith("replicate:"):
-        k = partition.split(":", 1)[1]
-        if k.isdigit() and 1 <= int(k) <= MAX_COPIES:
-            return "replicate", int(k)
-    raise ConfigError("partition", f"must be shard, iid or replicate:K with K copies from 1 to {MAX_COPIES} "
-                                   f"(the thesis's layout: replicate:11), got {partition!r}")
-
 
 TINY_BATCH = 16   # FlatModel.predict: fewer rows than this run at one thread (bits at any thread count)
 

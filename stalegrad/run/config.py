@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 
 from ..algorithms import Algorithm, make_algorithm
 from ..errors import ConfigError, check_finite_positive
-from ..core.prober import probe_kind
-from ..core.server import ON_NONFINITE
-from ..core.worker import MAX_COPIES, PARTITIONS, parse_partition
+from ..core.options import MAX_COPIES, ON_NONFINITE, PARTITIONS, parse_partition, probe_kind
 from ..models.init import INITS
 
 __all__ = ["RunConfig", "ON_NONFINITE", "PARTITIONS", "MAX_COPIES", "parse_partition", "probe_kind"]  # the last five: core's, re-exported
