@@ -16,6 +16,8 @@ mode = sys.argv[1]
 if mode in ("torch-first", "strict-off", "strict-off-probed"):   # torch starts MKL before stalegrad can
     import torch
     (torch.randn(256, 256) @ torch.randn(256, 256)).sum().item()
+if mode == "torch-imported":    # imported, nothing computed: MKL starts later, with stalegrad's pins
+    import torch
 import stalegrad as sg
 import torch
 from stalegrad import numerics
@@ -98,6 +100,14 @@ def test_torch_started_first_falls_back_to_one_thread_with_the_same_bits(one_thr
         # torch started before the pin could act, so its kernels are the CPU's own: on an AVX2 CPU those
         # are the pinned ones, and the bits are the pinned run's; an AVX512 CPU gives its own
         assert late["mlp-asgd"] == one_thread["mlp-asgd"]
+
+
+def test_torch_imported_first_but_not_used_keeps_every_thread_and_the_bits(one_thread):
+    """Most scripts import torch before stalegrad: MKL reads its mode at its first product, not at the import,
+    so the pins still act, and two threads run with one thread's bits (issue 33)."""
+    early = run(2, "torch-imported", "mlp-asgd")
+    assert early["numerics"]["threads"] == 2 and early["numerics"]["mkl_cbwr"].endswith("STRICT")
+    assert early["mlp-asgd"] == one_thread["mlp-asgd"]
 
 
 class FakeClock:
