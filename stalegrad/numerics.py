@@ -186,8 +186,9 @@ def pinned(threads: int | None = None):
         threads = 1   # MKL had already run without strict mode: one thread gives the same bits
         if asked > 1:
             warn(f"threads: MKL computed before stalegrad could make it reproducible (torch was used before "
-                 f"stalegrad was imported), so the simulator runs at 1 thread, not {asked}; import stalegrad "
-                 "before torch's first computation to use them")
+                 f"stalegrad was imported), so the simulator runs at 1 thread, not {asked}, with MKL's own code "
+                 "branch (config.json's numerics); import stalegrad before torch's first computation (importing "
+                 "torch first is fine) to use them")
     governor = ThreadGovernor(threads if threads is not None else fixed_threads())
     governor.strict = strict
     mkldnn = torch.backends.mkldnn.enabled
