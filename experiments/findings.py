@@ -211,6 +211,26 @@ def thesis_cells(plan: dict, runs: dict, grid: str) -> tuple[list[str], dict]:
     return out, {"ours": ours, "theirs": theirs, "complete": complete, "seeds": seeds}
 
 
+def ranks(values: list[float]) -> list[float]:
+    """Ranks from 1, ties sharing their mean rank (what Spearman's ρ correlates)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in order[i:j + 1]:
+            out[k] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's ρ: Pearson's r of the ranks (statistics.correlation's method="ranked" needs Python 3.12)."""
+    return statistics.correlation(ranks(x), ranks(y))
+
+
 def agreement(cells: dict) -> list[str]:
     """Pearson and Spearman r across cells of our AGN − AEASGD with the thesis's; BCa over seeds for Pearson."""
     if not cells["ours"]:
@@ -229,7 +249,7 @@ def agreement(cells: dict) -> list[str]:
         return (d * t).sum(-1) / np.sqrt((d * d).sum(-1) * (t * t).sum())
 
     ours = [statistics.fmean(cells["ours"][k].values()) for k in keys]
-    r, rho = statistics.correlation(ours, theirs), statistics.correlation(ours, theirs, method="ranked")
+    r, rho = statistics.correlation(ours, theirs), spearman(ours, theirs)
     iv = bca(columns, pearson)
     return [f"Across the {len(keys)} cells, our AGN − AEASGD against the thesis's: Pearson r = {r:+.2f} "
             f"(95% BCa interval over seeds [{iv['lo']:+.2f}, {iv['hi']:+.2f}]), Spearman ρ = {rho:+.2f}."]

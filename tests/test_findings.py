@@ -174,3 +174,11 @@ paper = "-"
     r = row(findings.render(root), "P1")
     assert r[4].startswith(f"{(0.9 + 0.8 + 0.5) / 3:.3f} [")   # seed 3 enters at 0.5, not at 1.0
     assert r[6] == "1 of 3"
+
+
+def test_spearman_ranks_ties_by_their_mean_and_matches_the_textbook_formula():
+    assert findings.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    # without ties, rho = 1 - 6 * sum(d^2) / (n (n^2 - 1)); here the rank differences are 0, 1, -1, 0, 0
+    x, y = [0.1, 0.5, 0.2, 0.9, 1.5], [10.0, 30.0, 40.0, 50.0, 60.0]
+    assert findings.spearman(x, y) == pytest.approx(1 - 6 * 2 / (5 * 24))
+    assert findings.spearman(x, [-v for v in y]) == pytest.approx(-(1 - 6 * 2 / (5 * 24)))
