@@ -230,13 +230,13 @@ def profiled_runtime(profile: bool = True, fuse: bool = True, **options):
             self.now = [time.perf_counter()]
             return super().step(lr, *slices)
 
-        def _load(self, slices):
-            super()._load(slices)
+        def load_pulled(self, slices):
+            super().load_pulled(slices)
             self.now.append(time.perf_counter())
 
-        def _message(self, loss):
+        def build_message(self, loss):
             self.now.append(time.perf_counter())
-            out = super()._message(loss)
+            out = super().build_message(loss)
             self.times.append((*self.now, time.perf_counter()))
             return out
 

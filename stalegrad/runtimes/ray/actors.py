@@ -139,13 +139,16 @@ class WorkerActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def _load(self, slices) -> None:
+    def load_pulled(self, slices) -> None:
+        """Put the pulled weight slices into the worker's buffer (a hook: a subclass may time it)."""
         for (a, b), part in zip(self.bounds, slices):
             self.host[a:b].copy_(torch.from_numpy(part))
         if not self.on_cpu:
             self.pulled.copy_(self.host)
 
-    def _message(self, loss: float) -> tuple:
+    def build_message(self, loss: float) -> tuple:
+        """(meta, *message slices) of the computed step, meta = (loss, samples, finite, train_acc) (a hook: a
+        subclass may time it)."""
         msg = self.worker.message(self.pulled, self.computed)
         self.computed = None
         lo, hi = torch.aminmax(msg)
@@ -157,9 +160,9 @@ class WorkerActor:
     def step(self, lr: float, *slices) -> tuple:
         """Pull (the slices), compute, and return (meta, *message slices); meta = (loss, samples, finite,
         train_acc)."""
-        self._load(slices)
+        self.load_pulled(slices)
         loss, self.computed = self.worker.compute(self.pulled, lr)
-        return self._message(loss)
+        return self.build_message(loss)
 
     def compute(self, lr: float) -> float:
         """Elastic rules: the local steps first; ``finish`` gets the centre afterwards."""
@@ -167,8 +170,8 @@ class WorkerActor:
         return self.loss
 
     def finish(self, *slices) -> tuple:
-        self._load(slices)
-        return self._message(self.loss)
+        self.load_pulled(slices)
+        return self.build_message(self.loss)
 
     def adopt(self, indices: np.ndarray) -> None:
         self.worker.stream.extend(torch.from_numpy(indices.copy()))
