@@ -220,23 +220,23 @@ def profiled_runtime(profile: bool = True, fuse: bool = True, **options):
             super().__init__(*args, **kwargs)
             self.times = []
 
-        def _timed(self, name, fn, *args):
+        def timed(self, name, fn, *args):
             t = time.perf_counter()
             out = fn(*args)
             self.times.append((name, t, time.perf_counter()))
             return out
 
         def pull(self, *args):
-            return self._timed("pull", super().pull, *args)
+            return self.timed("pull", super().pull, *args)
 
         def prepare_commit(self, *args):
-            return self._timed("prepare_commit", super().prepare_commit, *args)
+            return self.timed("prepare_commit", super().prepare_commit, *args)
 
         def state(self, *args):
-            return self._timed("state", super().state, *args)
+            return self.timed("state", super().state, *args)
 
         def prepare_commit_pull(self, *args):
-            return self._timed("prepare_commit_pull", super().prepare_commit_pull, *args)
+            return self.timed("prepare_commit_pull", super().prepare_commit_pull, *args)
 
         def profile(self):
             return self.times
