@@ -192,23 +192,24 @@ def profiled_runtime(profile: bool = True, fuse: bool = True, **options):
 
     class TimedWorker(WorkerActor):
         """Per step: (entry, slices loaded, message started, message built), perf_counter (one clock
-        for every process of a machine)."""
+        for every process of a machine). A step loads the pulled slices, computes (``Worker.compute``, timed
+        at both ends) and builds its message, which it returns."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.times, self.now = [], []
+            compute = self.worker.compute
+
+            def timed_compute(*a, **k):
+                self.now.append(time.perf_counter())      # the slices are loaded
+                out = compute(*a, **k)
+                self.now.append(time.perf_counter())      # the message is started
+                return out
+            self.worker.compute = timed_compute
 
         def step(self, lr, *slices):
             self.now = [time.perf_counter()]
-            return super().step(lr, *slices)
-
-        def load_pulled(self, slices):
-            super().load_pulled(slices)
-            self.now.append(time.perf_counter())
-
-        def build_message(self, loss):
-            self.now.append(time.perf_counter())
-            out = super().build_message(loss)
+            out = super().step(lr, *slices)
             self.times.append((*self.now, time.perf_counter()))
             return out
 
@@ -220,23 +221,23 @@ def profiled_runtime(profile: bool = True, fuse: bool = True, **options):
             super().__init__(*args, **kwargs)
             self.times = []
 
-        def timed(self, name, fn, *args):
+        def _timed(self, name, fn, *args):
             t = time.perf_counter()
             out = fn(*args)
             self.times.append((name, t, time.perf_counter()))
             return out
 
         def pull(self, *args):
-            return self.timed("pull", super().pull, *args)
+            return self._timed("pull", super().pull, *args)
 
         def prepare_commit(self, *args):
-            return self.timed("prepare_commit", super().prepare_commit, *args)
+            return self._timed("prepare_commit", super().prepare_commit, *args)
 
         def state(self, *args):
-            return self.timed("state", super().state, *args)
+            return self._timed("state", super().state, *args)
 
         def prepare_commit_pull(self, *args):
-            return self.timed("prepare_commit_pull", super().prepare_commit_pull, *args)
+            return self._timed("prepare_commit_pull", super().prepare_commit_pull, *args)
 
         def profile(self):
             return self.times

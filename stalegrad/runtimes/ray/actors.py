@@ -139,16 +139,13 @@ class WorkerActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def load_pulled(self, slices) -> None:
-        """Put the pulled weight slices into the worker's buffer (a hook: a subclass may time it)."""
+    def _load(self, slices) -> None:
         for (a, b), part in zip(self.bounds, slices):
             self.host[a:b].copy_(torch.from_numpy(part))
         if not self.on_cpu:
             self.pulled.copy_(self.host)
 
-    def build_message(self, loss: float) -> tuple:
-        """(meta, *message slices) of the computed step, meta = (loss, samples, finite, train_acc) (a hook: a
-        subclass may time it)."""
+    def _message(self, loss: float) -> tuple:
         msg = self.worker.message(self.pulled, self.computed)
         self.computed = None
         lo, hi = torch.aminmax(msg)
@@ -160,9 +157,9 @@ class WorkerActor:
     def step(self, lr: float, *slices) -> tuple:
         """Pull (the slices), compute, and return (meta, *message slices); meta = (loss, samples, finite,
         train_acc)."""
-        self.load_pulled(slices)
+        self._load(slices)
         loss, self.computed = self.worker.compute(self.pulled, lr)
-        return self.build_message(loss)
+        return self._message(loss)
 
     def compute(self, lr: float) -> float:
         """Elastic rules: the local steps first; ``finish`` gets the centre afterwards."""
@@ -170,8 +167,8 @@ class WorkerActor:
         return self.loss
 
     def finish(self, *slices) -> tuple:
-        self.load_pulled(slices)
-        return self.build_message(self.loss)
+        self._load(slices)
+        return self._message(self.loss)
 
     def adopt(self, indices: np.ndarray) -> None:
         self.worker.stream.extend(torch.from_numpy(indices.copy()))
