@@ -35,25 +35,22 @@ Writes benchmarks/results/local.json and benchmarks/results/local.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
+import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
+# torch before stalegrad, as this script has always run: the plain loops in this process are plain
+# PyTorch, with torch's own OpenMP and MKL settings (the workers' processes import stalegrad first)
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import common
 
-import stalegrad as sg  # noqa: E402
-from stalegrad.models import build_model  # noqa: E402
-from stalegrad.runtimes import LocalRuntime  # noqa: E402
+import stalegrad as sg
+from stalegrad.models import build_model
+from stalegrad.runtimes import LocalRuntime
 
-FASHION = Path("/usr/share/datasets/fashion-mnist")
 BATCH = 128
 WINDOW = 2.0   # seconds: rates are the best such stretch (other jobs on the machine come and go)
 FLOOR_RATE = 2000.0   # samples/s assumed at least when sizing a local run
@@ -63,28 +60,7 @@ FLOOR_RATE = 2000.0   # samples/s assumed at least when sizing a local run
 CONFIGS = [("agn-mlp", 1, "adam"), ("agn-mlp", 40, "adam"), ("agn-mlp", 40, "sgd"), ("cnn", 1, "adam")]
 
 
-def cores() -> int:
-    return len(os.sched_getaffinity(0))
-
-
-def machine() -> dict:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return {"cores": cores(), "cpu": model, "memory_gib": mem, "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
+cores = common.cores
 
 
 class CpuMonitor:
@@ -92,7 +68,6 @@ class CpuMonitor:
     process and its descendants (the workers, the evaluator, the fork server), sampled every 0.5 s."""
 
     def __init__(self):
-        import threading
         self.tick = os.sysconf("SC_CLK_TCK")
         self.samples: list[tuple[float, float]] = []   # (time, other processes' cores over the last interval)
         self._stop = threading.Event()
@@ -105,21 +80,8 @@ class CpuMonitor:
 
     @staticmethod
     def _ours() -> dict[int, int]:
-        parent, ticks = {}, {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    f = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                except (OSError, IndexError):
-                    continue
-                parent[int(entry)] = int(f[1])
-                ticks[int(entry)] = int(f[11]) + int(f[12])
-        mine, todo = {}, [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            mine[pid] = ticks.get(pid, 0)
-            todo += [c for c, pp in parent.items() if pp == pid]
-        return mine
+        procs = common.processes()
+        return {pid: procs[pid][2] if pid in procs else 0 for pid in common.descendants(os.getpid(), procs)}
 
     def _loop(self) -> None:
         t0, busy0, ours0 = time.perf_counter(), self._busy(), self._ours()
@@ -156,15 +118,8 @@ class CpuMonitor:
 
 
 def load_data():
-    if FASHION.is_dir():
-        train, test = sg.load_pair("fashion-mnist", FASHION)
-        train.x.share_memory_(), train.y.share_memory_()   # once: the local runtime maps it in every run
-        return train, SimpleNamespace(x=test.x[:1000], y=test.y[:1000], num_classes=10), "fashion-mnist"
-    g = torch.Generator().manual_seed(0)
-    train = SimpleNamespace(x=torch.randn(60000, 1, 28, 28, generator=g).share_memory_(),
-                            y=torch.randint(0, 10, (60000,), generator=g).share_memory_(), num_classes=10)
-    test = SimpleNamespace(x=train.x[:1000], y=train.y[:1000], num_classes=10)
-    return train, test, "synthetic (fashion-mnist shape: 60000 x 1x28x28, 10 classes)"
+    train, test, source = common.image_data(60_000, 1000)
+    return (*common.for_local_runs(train, test, 1000), source)
 
 
 def best_window(points: list[tuple[float, float]], window: float) -> float:
@@ -316,7 +271,7 @@ def main() -> None:
     ap.add_argument("--max-wait", type=float, default=120.0,
                     help="seconds, in all, to spend waiting for other jobs to leave the CPUs, or measuring "
                          "again when they did not")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="directory for local.json/local.md")
+    ap.add_argument("--out", default=str(common.RESULTS), help="directory for local.json/local.md")
     args = ap.parse_args()
     workers = [int(v) for v in args.workers.split(",")]
     t_start = time.perf_counter()
@@ -324,8 +279,8 @@ def main() -> None:
     monitor = CpuMonitor().start()
     wait_budget = [args.max_wait]
     train, test, data_name = load_data()
-    result = {"command": " ".join([".venv/bin/python", "benchmarks/bench_local.py", *sys.argv[1:]]),
-              "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "data": data_name,
+    result = {"command": common.command(python=".venv/bin/python"),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "machine": common.machine(), "data": data_name,
               "batch_size": BATCH, "window_s": WINDOW, "max_wait_s": args.max_wait, "loadavg_start": load_start,
               "configs": []}
     print(f"{result['machine']['cores']} cores, {result['machine']['cpu']}, torch {torch.__version__}; "
@@ -400,9 +355,8 @@ def main() -> None:
     result["loadavg_end"] = os.getloadavg()
     result["total_s"] = time.perf_counter() - t_start
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "local.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "local.md").write_text(markdown(result))
+    common.write_json("local", result, out)
+    common.save(out / "local.md", markdown(result))
     print(f"wrote {out / 'local.json'} and {out / 'local.md'} in {result['total_s']:.0f} s")
 
 

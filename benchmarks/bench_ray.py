@@ -21,33 +21,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
+# numpy and torch before stalegrad, as this script has always run (the local baseline's workers and Ray's
+# actors are processes of their own, which import stalegrad first)
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
 
-import common  # noqa: E402
-
-import stalegrad as sg  # noqa: E402
-from stalegrad.runtimes.ray import LOCAL_SYSTEM_CONFIG  # noqa: E402
-
-
-def data():
-    try:
-        return sg.load_pair("fashion-mnist"), "fashion-mnist"
-    except sg.UsageError:
-        g = torch.Generator().manual_seed(0)
-        x = torch.rand(60000, 1, 28, 28, generator=g)
-        y = torch.randint(0, 10, (60000,), generator=g)
-        tx, ty = x[:10000].clone(), y[:10000].clone()
-        ns = __import__("types").SimpleNamespace
-        return (ns(x=x, y=y, num_classes=10), ns(x=tx, y=ty, num_classes=10)), "synthetic 1x28x28"
+import stalegrad as sg
+from stalegrad.runtimes.ray import LOCAL_SYSTEM_CONFIG
 
 
 def steady_rate(metrics: list[dict]) -> float:
@@ -189,24 +174,11 @@ class TimedRay:
 def cpu_seconds(root: int) -> dict:
     """CPU seconds (user + system) so far of ``root`` and every process below it (a local Ray: its GCS,
     raylet and workers), by command name, from /proc (Linux; empty elsewhere)."""
-    stats = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                text = (d / "stat").read_text()
-            except OSError:
-                continue
-            name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
-            stats[int(d.name)] = (name, int(rest[1]), (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK"))
-    out: dict = {}
-    tree = {root}
-    for _ in range(4):   # parents before children, whatever the order of /proc
-        tree |= {pid for pid, (_, ppid, _) in stats.items() if ppid in tree}
-    for pid in tree:
-        if pid in stats:
-            name, _, cpu = stats[pid]
-            name = "driver" if pid == root else name
-            out[name] = out.get(name, 0.0) + cpu
+    procs, tick, out = common.processes(), os.sysconf("SC_CLK_TCK"), {}
+    for pid in common.descendants(root, procs) & procs.keys():
+        name, _, ticks = procs[pid]
+        name = "driver" if pid == root else name
+        out[name] = out.get(name, 0.0) + ticks / tick
     return out
 
 
@@ -220,23 +192,24 @@ def profiled_runtime(profile: bool = True, fuse: bool = True, **options):
 
     class TimedWorker(WorkerActor):
         """Per step: (entry, slices loaded, message started, message built), perf_counter (one clock
-        for every process of a machine)."""
+        for every process of a machine). A step loads the pulled slices, computes (``Worker.compute``, timed
+        at both ends) and builds its message, which it returns."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.times, self.now = [], []
+            compute = self.worker.compute
+
+            def timed_compute(*a, **k):
+                self.now.append(time.perf_counter())      # the slices are loaded
+                out = compute(*a, **k)
+                self.now.append(time.perf_counter())      # the message is started
+                return out
+            self.worker.compute = timed_compute
 
         def step(self, lr, *slices):
             self.now = [time.perf_counter()]
-            return super().step(lr, *slices)
-
-        def _load(self, slices):
-            super()._load(slices)
-            self.now.append(time.perf_counter())
-
-        def _message(self, loss):
-            self.now.append(time.perf_counter())
-            out = super()._message(loss)
+            out = super().step(lr, *slices)
             self.times.append((*self.now, time.perf_counter()))
             return out
 
@@ -456,7 +429,7 @@ def main() -> None:
     if args.small is not None:
         load_before = common.load()
         r = small(args.small)
-        payload = {"command": " ".join([".venv/bin/python", "benchmarks/bench_ray.py", *sys.argv[1:]]),
+        payload = {"command": common.command(python=".venv/bin/python"),
                    "machine": common.machine(), "load_before": load_before, "load_after": common.load(), "small": r}
         path = common.write_json("ray_small", payload, Path(args.out))
         print(f"digits mlp dcasgd-a M=2, {args.small:g} epochs, samples/s in steady state (ms per update = 128 / rate)")
@@ -474,7 +447,7 @@ def main() -> None:
             print_profile(label, v)
         print(f"\nload average {load_before} -> {payload['load_after']} -> {path}")
         return
-    (train, test), name = data()
+    train, test, name = common.image_data(60_000, 10_000)
     load_before = common.load()
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              _system_config=LOCAL_SYSTEM_CONFIG)
@@ -492,7 +465,7 @@ def main() -> None:
         cost["apply_ms_median"] = apply_cost(4_798_010)
     finally:
         ray.shutdown()
-    payload = {"command": " ".join([".venv/bin/python", "benchmarks/bench_ray.py", *sys.argv[1:]]),
+    payload = {"command": common.command(python=".venv/bin/python"),
                "data": name, "machine": common.machine(), "load_before": load_before, "load_after": common.load(),
                "runs": results, "transport_4_8M": cost}
     path = common.write_json("ray", payload, Path(args.out))

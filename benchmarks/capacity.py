@@ -17,14 +17,12 @@ the same ratio with its step time says how many GPU workers a CPU shard serves.
 """
 from __future__ import annotations
 
-import common  # noqa: F401  (puts the checkout on sys.path)
+import common
 import torch
 
-from server_apply import LR, RULES, kernel_paths, _server
 from stalegrad.algorithms import make_algorithm
-from stalegrad.models import build_model
 from stalegrad.core.worker import BatchStream, FlatModel, Worker
-from workloads import image_data
+from stalegrad.models import build_model
 
 BATCH = 128
 MODELS = ("logreg", "mlp", "cnn", "agn-mlp")
@@ -33,8 +31,8 @@ CAPACITY_RULES = ("asgd", "dcasgd-c", "dcasgd-a", "agn")
 
 def run(quick: bool = False) -> dict:
     torch.manual_seed(0)
-    train, _, source = image_data(4096, 10)
-    paths = kernel_paths()
+    train, _, source = common.image_data(4096, 10)
+    paths = common.kernel_paths()
     rows = []
     for name in (MODELS[:2] if quick else MODELS):
         model = FlatModel(build_model(name, (1, 28, 28), 10))
@@ -43,10 +41,11 @@ def run(quick: bool = False) -> dict:
         worker = Worker(0, make_algorithm("asgd"), model, train.x, train.y,
                         BatchStream(len(train.y), 0, 1, BATCH), w, 1)
         gen = torch.Generator().manual_seed(1)
-        servers = {(rule, path): _server(rule, n, gen, path) for path in paths for rule in CAPACITY_RULES}
+        servers = {(rule, path): common.pushing_server(rule, {}, n, gen, path)
+                   for path in paths for rule in CAPACITY_RULES}
         items = {"step": lambda: worker.grad_fn(w)}
         for key, (server, msg) in servers.items():
-            items[key] = (lambda s=server, g=msg: s.push(1, g, LR))
+            items[key] = (lambda s=server, g=msg: s.push(1, g, common.PUSH_LR))
         for f in items.values():
             f()
         rounds, calls = (3, 2) if quick else (5, 3)
@@ -57,7 +56,7 @@ def run(quick: bool = False) -> dict:
             rows.append({"model": name, "params": n, "step_ms": step * 1e3, "rule": rule, "kernels": path,
                          "push_ms": push * 1e3, "updates_per_s": 1 / push,
                          "workers_per_shard": common.median_ratio(times["step"], times[(rule, path)]),
-                         "per_window_step": RULES[rule][0] in ("agn", "dynsgd")})
+                         "per_window_step": rule in ("agn", "dynsgd")})
         servers.clear()
     return {"rows": rows, "data": source, "kernels": paths, "targets": {},
             "table": table(rows)}
@@ -73,7 +72,7 @@ def table(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-    res = run("--quick" in sys.argv)
-    print(res["table"])
-    print(common.load())
+    ap = common.options(__doc__)
+    args = ap.parse_args()
+    common.settle(ap, args)
+    common.show(run(args.quick))

@@ -24,9 +24,11 @@ import torch
 
 import stalegrad as sg
 from stalegrad.algorithms import make_algorithm
+from stalegrad.core.worker import FlatModel
 from stalegrad.data import load_pair
 from stalegrad.models import build_model
-from workloads import SteadySimulator, image_data, plain_samples_per_s
+from stalegrad.runtimes.events import EventLoop
+from stalegrad.runtimes.vectorised import VectorisedLoop, window_group
 
 BATCH = 128
 LR = 1e-3
@@ -39,13 +41,40 @@ PLAIN_CONFIGS = [("agn-mlp", 1, 10), ("agn-mlp", 1, 40)]
 MEMORY_WORKERS = (1, 8, 40)
 
 
+class SteadySimulator(sg.Simulator):
+    """The simulator, timing its event loop after the set-up: ``elapsed`` excludes building the M
+    workers (their optimizer state) and their first pulls, which ``setup`` times; a short run at
+    large M is otherwise mostly set-up."""
+
+    def run(self, *args, **kwargs):
+        self.elapsed = 0.0
+        originals = {cls: cls.__dict__["run"] for cls in (EventLoop, VectorisedLoop)}
+
+        def timed(run):
+            def wrapper(loop):
+                t = common.clock()
+                run(loop)
+                self.elapsed += common.clock() - t
+            return wrapper
+
+        for cls, run in originals.items():
+            cls.run = timed(run)
+        t = common.clock()
+        try:
+            super().run(*args, **kwargs)
+        finally:
+            for cls, run in originals.items():
+                cls.run = run
+        self.setup = common.clock() - t - self.elapsed
+
+
 def plain_loop(model_name: str, train, steps: int, optimizer: str) -> float:
     """samples/s of sequential training in plain PyTorch (Adam as AGN's local steps, or SGD)."""
     torch.manual_seed(0)
     model = build_model(model_name, tuple(train.x.shape[1:]), 10)
     opt = (torch.optim.Adam(model.parameters(), lr=LR) if optimizer == "adam"
            else torch.optim.SGD(model.parameters(), lr=0.05))
-    return plain_samples_per_s(model, opt, train, steps, BATCH)
+    return common.plain_samples_per_s(model, opt, train, steps, BATCH)
 
 
 def sim_run(model: str, data: dict, workers: int, window: int, steps: int, vectorised: bool):
@@ -61,12 +90,13 @@ def sim_run(model: str, data: dict, workers: int, window: int, steps: int, vecto
 
 
 MEMORY = """
-import json, sys, torch
+import json, sys
 sys.path.insert(0, {bench!r})
+from common import PeakRSS, image_data  # stalegrad, then torch
 import stalegrad as sg
+import torch
 from stalegrad.algorithms import make_algorithm
 from stalegrad.runtimes import Simulator
-from workloads import PeakRSS, image_data
 torch.set_num_threads(1)
 train, test, _ = image_data(20_000)
 sg.train("agn-mlp", train, test, make_algorithm("agn", window=2), 1, Simulator(), epochs=256 / 20_000,
@@ -88,8 +118,6 @@ def memory(workers: int) -> dict:
 
 def falls_back(model: str, data: dict) -> bool:
     """Whether --vectorised runs this model's windows one by one (too large to stack on the CPU)."""
-    from stalegrad.runtimes.vectorised import window_group
-    from stalegrad.core.worker import FlatModel
     kind, _, name = model.rpartition(" ")
     x = data[kind or "images"][0].x
     return window_group(FlatModel(build_model(name, tuple(x.shape[1:]), 10))) < 2
@@ -112,7 +140,7 @@ def run(quick: bool = False, rounds: int | None = None, parts: str = "all") -> d
         return {"memory": mem, "mb_per_worker": slope, "extrapolated_mb_at_100": at_100, "targets": {},
                 "table": memory_table(mem, slope, at_100)}
     steps = QUICK_STEPS if quick else STEPS
-    train, test, source = image_data(60_000)
+    train, test, source = common.image_data(60_000)
     data = {"images": (train, test), "synthetic": load_pair("synthetic")}
     rounds = rounds or (1 if quick else 2)
     sim_run("mlp", data, 4, 2, 8, True)         # warm-up: torch.func's set-up, first calls
@@ -190,18 +218,11 @@ def memory_table(mem, slope, at_100) -> str:
 
 
 if __name__ == "__main__":   # e.g. --threads 1 --clock cpu --rounds 1 --parts timing
-    import argparse
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
+    ap = common.options(__doc__)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--parts", choices=("all", "timing", "memory"), default="all")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "cpu":
-        common.use_cpu_clock()
+    common.settle(ap, args)
     before = common.load()
     res = run(args.quick, args.rounds, args.parts)
     res.update(machine=common.machine(), loadavg_before=before, loadavg_after=common.load())

@@ -17,10 +17,9 @@ import time
 import common
 import torch
 
-from stalegrad.models import build_model
-from stalegrad.core.worker import BatchStream, FlatModel, Worker
 from stalegrad.algorithms import make_algorithm
-from workloads import image_data
+from stalegrad.core.worker import BatchStream, FlatModel, Worker
+from stalegrad.models import build_model
 
 BATCH = 128
 SIZES = (784, 1000, 2000, 1000, 10)
@@ -57,7 +56,7 @@ def breakdown(model: FlatModel, w, x, y, steps: int = 5) -> dict:
 
 def run(quick: bool = False) -> dict:
     torch.manual_seed(0)
-    train, _, source = image_data(4096, 10)
+    train, _, source = common.image_data(4096, 10)
     model = FlatModel(build_model("agn-mlp", (1, 28, 28), 10))
     w = model.flat.clone()
     x, y = train.x[:BATCH].contiguous(), train.y[:BATCH].contiguous()
@@ -102,7 +101,7 @@ def table(rows, peak, gflop, detail) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-    res = run("--quick" in sys.argv)
-    print(res["table"])
-    print(res["targets"], common.load())
+    ap = common.options(__doc__)
+    args = ap.parse_args()
+    common.settle(ap, args)
+    common.show(run(args.quick))

@@ -10,11 +10,13 @@ are 2 or more, and the number of seeds; then the mean tau and the largest tau of
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
+
+import common
 
 DELAYS = ("round-robin", "gamma:2", "exponential", "heterogeneous:sqrt")
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -52,23 +54,20 @@ def main(dirs: list[str]) -> None:
             table.setdefault((setting, algo), {}).setdefault(delay, []).append(summary["final_test_acc"])
             if seed == 0:
                 taus[(setting, algo, delay)] = (summary["tau_mean"], summary["tau_max"])
-    print("| setting | algorithm | " + " | ".join(DELAYS) + " |")
-    print("|---|---|" + "---|" * len(DELAYS))
-    for (setting, algo), by_delay in table.items():
-        print(f"| {setting} | {algo} | " + " | ".join(cell(by_delay.get(d, [])) for d in DELAYS) + " |")
+    print(common.md_table(["setting", "algorithm", *DELAYS],
+                          [[setting, algo, *(cell(by_delay.get(d, [])) for d in DELAYS)]
+                           for (setting, algo), by_delay in table.items()]))
     print()
-    print("| setting | algorithm | " + " | ".join(f"{d}: tau mean / max" for d in DELAYS) + " |")
-    print("|---|---|" + "---|" * len(DELAYS))
-    for setting, algo in table:
-        row = [taus.get((setting, algo, d)) for d in DELAYS]
-        print(f"| {setting} | {algo} | " + " | ".join("—" if r is None else f"{r[0]:.1f} / {r[1]}" for r in row) + " |")
+    shown = lambda r: "—" if r is None else f"{r[0]:.1f} / {r[1]}"   # noqa: E731
+    print(common.md_table(["setting", "algorithm", *(f"{d}: tau mean / max" for d in DELAYS)],
+                          [[setting, algo, *(shown(taus.get((setting, algo, d))) for d in DELAYS)]
+                           for setting, algo in table]))
 
 
 def stability(n: int = 40, pushes: int = 40000) -> None:
     """The largest step a for which x_{k+1} = x_k - a * sum_tau p(tau) x_{k-tau} is stable (spectral radius
     below 1), p the simulator's tau histogram at n workers under each model (``delay_traces.simulate``)."""
     import numpy as np
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from delay_traces import histogram, simulate
 
     def radius(a, p):
@@ -94,7 +93,8 @@ def stability(n: int = 40, pushes: int = 40000) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--stability"]:
-        stability()
-    else:
-        main(sys.argv[1:] or ["runs/delays_gradient", "runs/delays_commit"])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("grid_dirs", nargs="*", default=["runs/delays_gradient", "runs/delays_commit"])
+    ap.add_argument("--stability", action="store_true", help="the linear check of the lockstep effect instead")
+    args = ap.parse_args()
+    stability() if args.stability else main(args.grid_dirs)

@@ -33,11 +33,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from stalegrad.core.delays import parse_delay  # noqa: E402
+import common  # the checkout on sys.path, stalegrad first
+from common import RESULTS, ROOT
 
-RESULTS = ROOT / "benchmarks" / "results"
+from stalegrad.core.delays import parse_delay
+
 TRACES = RESULTS / "delay_traces"
 FIGURE = ROOT / "docs" / "results" / "delay_traces.png"
 STALEGRAD = [sys.executable, "-m", "stalegrad"]
@@ -65,16 +65,7 @@ SIM_PUSHES = 20000
 
 def children(pid: int) -> list[int]:
     """The child processes of ``pid``, in the order they were started (pid order)."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(entry))
-    return sorted(kids)
+    return sorted(c for c, (_, parent, _) in common.processes().items() if parent == pid)
 
 
 def renice_first_worker(proc: subprocess.Popen, niceness: int = 10, wait_s: float = 60.0) -> int | None:
@@ -263,11 +254,9 @@ def analyse() -> dict:
 
 
 def machine() -> dict:
-    import platform
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    return {"nproc": os.cpu_count(), "cpu": cpu, "loadavg_at_analysis": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    m = common.machine()
+    m["loadavg_at_analysis"] = m.pop("loadavg")
+    return m
 
 
 def figure(result: dict, path: Path = FIGURE, shown=("round-robin", "exponential", "gamma:2", "heterogeneous:sqrt")) -> None:

@@ -28,34 +28,15 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402  (stalegrad, then torch)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import common  # (stalegrad, then torch)
+import torch
+import torch.nn.functional as F
 
-import stalegrad as sg  # noqa: E402
-from stalegrad.models import build_model  # noqa: E402
-from workloads import image_data  # noqa: E402
+import stalegrad as sg
+from stalegrad.models import build_model
 
 MODEL, BATCH, WORKERS, WINDOWS = "agn-mlp", 128, 40, (10, 40)
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-class DeviceTimedSimulator(sg.Simulator):
-    device = "cpu"
-
-    def run(self, *args, **kwargs):
-        sync(self.device)
-        t = time.perf_counter()
-        super().run(*args, **kwargs)
-        sync(self.device)
-        self.elapsed = time.perf_counter() - t
 
 
 def plain_adam(train, device: str, samples: int) -> float:
@@ -76,16 +57,16 @@ def plain_adam(train, device: str, samples: int) -> float:
 
     for i in range(10):   # warm-up: kernels, allocator
         step(i)
-    sync(device)
+    common.sync(device)
     t = time.perf_counter()
     for i in range(steps):
         step(i)
-    sync(device)
+    common.sync(device)
     return steps * BATCH / (time.perf_counter() - t)
 
 
 def sim_row(train, test, device: str, algorithm, vectorised: bool, samples: int) -> dict:
-    sim = DeviceTimedSimulator(vectorised=vectorised)
+    sim = common.TimedSimulator(vectorised=vectorised)
     sim.device = device
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -115,7 +96,7 @@ def main(argv=None) -> int:
         machine["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
         machine["cuda"] = torch.version.cuda
     print(f"machine: {machine}", flush=True)
-    train, test, source = image_data(60_000, 10_000)
+    train, test, source = common.image_data(60_000, 10_000)
     rounds = 1 if args.quick else 2
     plain_samples = 2_560 if args.quick else 51_200
     rows = []
@@ -139,11 +120,9 @@ def main(argv=None) -> int:
           f"{r['peak_mem_mb']:.0f}" if r.get("peak_mem_mb") else "-", "fell back" if r.get("fell_back") else ""]
          for r in rows])
     print("\n" + table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "device": args.device, "data": source, "model": MODEL,
-                               "workers": WORKERS, "batch": BATCH, "quick": args.quick, "rows": rows,
-                               "loadavg_after": common.load(), "table": table}, indent=2) + "\n")
+    out = common.save(args.out, json.dumps({"machine": machine, "device": args.device, "data": source, "model": MODEL,
+                                            "workers": WORKERS, "batch": BATCH, "quick": args.quick, "rows": rows,
+                                            "loadavg_after": common.load(), "table": table}, indent=2) + "\n")
     print(f"-> {out}")
     return 0
 

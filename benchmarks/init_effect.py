@@ -33,9 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import re
-import shlex
 import statistics
 import sys
 import time
@@ -80,18 +77,8 @@ def plan(seeds: list[int], parts: set[int]) -> list[dict]:
 
 
 def crossing(curve: list[dict], key: str, target: float) -> float | None:
-    """``key`` (epoch or virtual_s) at which test accuracy first reaches ``target``, linearly
-    interpolated between the two evaluations around the crossing; None if never."""
-    prev = None
-    for m in curve:
-        acc = m["test_acc"]
-        if acc is not None and acc >= target:
-            if prev is None or prev["test_acc"] is None or not math.isfinite(prev["test_acc"]):
-                return m[key]
-            a0, x0 = prev["test_acc"], prev[key]
-            return x0 + (target - a0) / (acc - a0) * (m[key] - x0)
-        prev = m
-    return None
+    """``key`` (epoch or virtual_s) at which test accuracy first reaches ``target`` (``common.crossing``)."""
+    return common.crossing([(m[key], m["test_acc"]) for m in curve], target)
 
 
 def r4(x):
@@ -136,12 +123,8 @@ def one_run(spec: dict, train, test, epochs: float, trace: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 # aggregation and tables
 
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def fmt_pm(xs: list[float], digits: int) -> str:
-    m, s = mean_std(xs)
+    m, s = common.mean_std(xs)
     return f"{m:.{digits}f} ± {s:.{digits}f} (n={len(xs)})" if len(xs) > 1 else f"{m:.{digits}f} (n=1)"
 
 
@@ -275,14 +258,6 @@ def plot(runs: list[dict], path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 
-def compact_json(payload: dict) -> str:
-    """JSON with every list of numbers, and every curve point, on one line."""
-    text = json.dumps(payload, indent=2)
-    text = re.sub(r"\[\s*((?:-?[0-9.eE+-]+|null)(?:,\s*(?:-?[0-9.eE+-]+|null))*)\s*\]",
-                  lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
-    return re.sub(r"\{\s*(\"epoch\"[^{}]*?)\s*\}", lambda m: "{" + re.sub(r",\s+", ", ", m.group(1)) + "}", text) + "\n"
-
-
 def print_report(payload: dict) -> None:
     runs = payload["runs"]
     print(f"command: `{payload['command']}`\n")
@@ -318,7 +293,7 @@ def main(argv=None) -> int:
     parts = {int(p) for p in args.parts.split(",") if p.strip()}
     seeds = list(range(args.seeds))
     torch.set_num_threads(args.threads)
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv))
+    command = common.command(argv)
     machine = common.machine()
     train, test = sg.load_pair("fashion-mnist")
     todo = plan(seeds, parts)
@@ -340,11 +315,7 @@ def main(argv=None) -> int:
         payload["seconds"] = round(time.perf_counter() - start, 1)
         payload["loadavg_after"] = common.load()
         if args.out != "-":
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(compact_json(payload))
-            os.replace(tmp, out)
+            common.save(args.out, common.compact_json(payload, one_line=("epoch",)))
 
     for i, spec in enumerate(todo, 1):
         r = one_run(spec, train, test, args.epochs, Path(args.trace))

@@ -24,7 +24,7 @@ CASES = {"asgd": {"algorithm": "asgd", "epochs": 2.0},
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dataset", default="fashion-mnist")
     args = ap.parse_args()
@@ -54,12 +54,10 @@ def main() -> None:
         assert len(hashes) == 1, f"{name}: probing changed the weights"
     after = common.machine()
     print(f"load average before {before['loadavg']}, after {after['loadavg']}; clock {before['clock']}, 1 thread")
-    print("| rule | K | updates | probes | CPU s | against no probes | CPU s per probe |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        per = "–" if r["per_probe_s"] is None else f"{r['per_probe_s']:.4f}"
-        print(f"| {r['case']} | {r['probe_every'] or 'off'} | {r['updates']} | {r['probes']} | {r['cpu_s']:.2f} | "
-              f"{r['ratio']:.2f}x | {per} |")
+    print(common.md_table(
+        ["rule", "K", "updates", "probes", "CPU s", "against no probes", "CPU s per probe"],
+        [[r["case"], r["probe_every"] or "off", r["updates"], r["probes"], f"{r['cpu_s']:.2f}", f"{r['ratio']:.2f}x",
+          "–" if r["per_probe_s"] is None else f"{r['per_probe_s']:.4f}"] for r in rows]))
     common.write_json("probe_overhead", {"machine_before": before, "machine_after": after, "rows": rows})
 
 

@@ -17,26 +17,31 @@ Prints one line per setting and writes benchmarks/results/ray_node_loss.json.
 """
 from __future__ import annotations
 
+import argparse
 import csv
-import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+import common  # stalegrad, then torch
+import ray
+import torch
+from ray.cluster_utils import Cluster
 
-import ray  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
+import stalegrad as sg
+from stalegrad.runtimes import RayRuntime
+from stalegrad.runtimes.ray import recovery as ray_driver
 
-import stalegrad as sg  # noqa: E402
-from stalegrad.runtimes import RayRuntime  # noqa: E402
-from stalegrad.runtimes.ray import recovery as ray_driver  # noqa: E402
 
-from helpers import blobs  # noqa: E402
+def blobs(n: int = 256, d: int = 8, classes: int = 3, seed: int = 0):
+    """Gaussian blobs around class means fixed once for all calls (those of tests/helpers.py, which a
+    benchmark does not import); ``seed`` draws the samples."""
+    means = torch.randn(classes, d, generator=torch.Generator().manual_seed(1234)) * 3
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return SimpleNamespace(x=means[y] + torch.randn(n, d, generator=g), y=y, num_classes=classes)
 
 
 def one(cluster, restart_timeout: float, always_wait: bool) -> dict:
@@ -87,9 +92,9 @@ def main() -> None:
     out = {"load_before": load, "load_after": os.getloadavg(), "ray": ray.__version__, "rows": rows,
            "when": time.strftime("%Y-%m-%d %H:%M")}
     print(f"load average before {load[0]:.2f}, after {out['load_after'][0]:.2f}")
-    path = Path(__file__).resolve().parent / "results" / "ray_node_loss.json"
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    common.write_json("ray_node_loss", out, indent=1)
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()   # --help; no options
     main()

@@ -25,18 +25,16 @@ These are not tests: nothing here runs under pytest. The GPU script is
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")   # keep torch.profiler quiet (compute section)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402  (imports stalegrad, then torch)
-import torch  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = Path(__file__).resolve().parent
 SECTIONS = ("server_apply", "vectorised", "sim_overhead", "stalls", "time_to_accuracy", "compute", "capacity",
             "commit_rules")
 TITLES = {
@@ -52,13 +50,9 @@ TITLES = {
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="short smoke run (seconds, not minutes)")
+    ap = common.options(__doc__)
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS))
-    ap.add_argument("--threads", type=int, default=None, help="torch threads [default: torch's, one per core]")
     ap.add_argument("--out", default=str(common.RESULTS), help="directory for the JSON files")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="wall time, or this process's CPU time (steadier on a busy machine; needs --threads 1)")
     ap.add_argument("--rules", default=None, help="server_apply only: comma-separated rules to time (asgd, the "
                     "reference of 'time vs asgd', always) [default: every rule]")
     args = ap.parse_args(argv)
@@ -66,12 +60,7 @@ def main(argv=None) -> int:
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         ap.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "cpu":
-        if torch.get_num_threads() != 1:
-            ap.error("--clock cpu needs --threads 1 (more threads spin, and CPU time counts the spinning)")
-        common.use_cpu_clock()
+    common.settle(ap, args)
     machine = common.machine()
     print(f"machine: {machine['nproc']} cores, {machine['cpu']}, torch {machine['torch']}, "
           f"{machine['threads']} threads, {machine['clock']} clock, load average {machine['loadavg']}"
@@ -80,7 +69,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     failed = []
     for name in only:
-        if not os.path.exists(os.path.join(HERE, name + ".py")):
+        if not (HERE / f"{name}.py").exists():
             print(f"\n## {TITLES[name]}\n\nskipped: benchmarks/{name}.py is not in this tree")
             summary["sections"][name] = {"skipped": f"benchmarks/{name}.py is not in this tree"}
             continue
@@ -96,7 +85,7 @@ def main(argv=None) -> int:
             continue
         result.update(machine=machine, quick=args.quick, seconds=round(time.perf_counter() - t, 1),
                       loadavg_before=load_before, loadavg_after=common.load())
-        path = common.write_json(name + ("_quick" if args.quick else ""), result, out_dir=_out(args.out))
+        path = common.write_json(name + ("_quick" if args.quick else ""), result, out_dir=Path(args.out))
         print(f"\n## {TITLES[name]}\n")
         print(result["table"])
         targets = "; ".join(f"{k}: {common.verdict(v)}" for k, v in result["targets"].items())
@@ -105,14 +94,9 @@ def main(argv=None) -> int:
         summary["sections"][name] = {"targets": result["targets"], "seconds": result["seconds"],
                                      "loadavg": [result["loadavg_before"], result["loadavg_after"]]}
     summary["seconds"] = round(time.perf_counter() - start, 1)
-    path = common.write_json("run_all" + ("_quick" if args.quick else ""), summary, out_dir=_out(args.out))
+    path = common.write_json("run_all" + ("_quick" if args.quick else ""), summary, out_dir=Path(args.out))
     print(f"\nall sections: {summary['seconds']} s -> {path}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
-
-
-def _out(path: str):
-    from pathlib import Path
-    return Path(path)
 
 
 if __name__ == "__main__":

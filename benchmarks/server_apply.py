@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import gc
 
-import common  # noqa: F401  (puts the checkout on sys.path)
+import common
 import torch
-
-from stalegrad.algorithms import make_algorithm
-from stalegrad.core.server import ParameterServer
 
 # rule -> (algorithm, its parameters, float32 vectors each update must read + write)
 RULES = {
@@ -40,24 +37,8 @@ RULES = {
     "async-local-sgd N-th": ("async-local-sgd", {"dn_delay": 1}, 7),   # every update: read c, w, D, b; write w, D, b
 }
 WORKERS = 4
-LR = 0.1
 TARGET_FRACTION = 0.5
 TARGET_DCA_VS_ASGD = 2.0
-
-
-def kernel_paths() -> list[str]:
-    from stalegrad.algorithms import fused
-    return ["torch", "numba"] if fused.choose("cpu", True, "auto") == "numba" else ["torch"]
-
-
-def _server(rule: str, n: int, gen: torch.Generator, kernels: str) -> tuple[ParameterServer, torch.Tensor]:
-    name, params, _ = RULES[rule]
-    w0 = torch.randn(n, generator=gen)
-    server = ParameterServer(make_algorithm(name, **params), w0, WORKERS, kernels=kernels)
-    for m in range(WORKERS):
-        server.pull(m)
-    msg = torch.randn(n, generator=gen).mul_(1e-3)
-    return server, msg
 
 
 def op_costs(n: int, quick: bool) -> dict:
@@ -87,7 +68,7 @@ def op_costs(n: int, quick: bool) -> dict:
 def run(quick: bool = False, rules: list[str] | None = None) -> dict:
     """``rules``: time only these (and asgd, the reference of "time vs asgd"); default: every rule."""
     sizes = [1_000_000] if quick else [1_000_000, 10_000_000]
-    paths = kernel_paths()
+    paths = common.kernel_paths()
     unknown = sorted(set(rules or ()) - RULES.keys())
     if unknown:
         raise ValueError(f"unknown rule {unknown[0]!r}; choose from {', '.join(RULES)}")
@@ -96,11 +77,12 @@ def run(quick: bool = False, rules: list[str] | None = None) -> dict:
     for n in sizes:
         gen = torch.Generator().manual_seed(0)
         src, dst = torch.randn(n, generator=gen), torch.empty(n)
-        servers = {(rule, path): _server(rule, n, gen, path) for path in paths for rule in timed}
+        servers = {(rule, path): common.pushing_server(*RULES[rule][:2], n, gen, path, WORKERS)
+                   for path in paths for rule in timed}
         items = {"copy": lambda: dst.copy_(src)}
         for key, (server, msg) in servers.items():
             # push from worker 1 again and again: its snapshot (and MeanSquare) are read every time
-            items[key] = (lambda s=server, g=msg: s.push(1, g, LR))
+            items[key] = (lambda s=server, g=msg: s.push(1, g, common.PUSH_LR))
             items[key]()   # warm: first touch of every buffer
         small = n <= 2_000_000
         rounds = (3 if quick else 7)
@@ -127,13 +109,13 @@ def run(quick: bool = False, rules: list[str] | None = None) -> dict:
     ok_frac = all(r["fraction_of_copy"] >= TARGET_FRACTION for r in best)
     ok_ratio = all(r["vs_asgd"] <= TARGET_DCA_VS_ASGD for r in best if r["rule"] == "dcasgd-a")
     return {
-        "rows": rows, "op_costs": ops, "kernels": paths, "fused": _fused_info(), "rules": timed,
+        "rows": rows, "op_costs": ops, "kernels": paths, "fused": fused_info(), "rules": timed,
         "targets": {"fraction_of_copy >= 0.5 (every rule)": ok_frac, "dcasgd-a / asgd <= 2": ok_ratio},
         "table": table(rows) + "\n\nOne tensor operation alone, time as a multiple of the copy's:\n\n" + op_table(ops),
     }
 
 
-def _fused_info() -> dict:
+def fused_info() -> dict:
     from stalegrad.algorithms import fused
     return fused.describe()
 
@@ -160,8 +142,9 @@ def table(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-    only = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--rules=")]
-    res = run("--quick" in sys.argv, only[0] if only else None)
-    print(res["table"])
-    print(res["targets"], common.load())
+    ap = common.options(__doc__)
+    ap.add_argument("--rules", default=None, help="comma-separated rules to time (and asgd, the reference of "
+                    "'time vs asgd') [default: every rule]")
+    args = ap.parse_args()
+    common.settle(ap, args)
+    common.show(run(args.quick, args.rules.split(",") if args.rules else None))

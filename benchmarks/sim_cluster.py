@@ -28,14 +28,9 @@ on any machine with the same torch version and thread count; only the
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import re
-import shlex
-import statistics
 import sys
 import time
-from pathlib import Path
 
 import common
 import torch
@@ -49,20 +44,6 @@ ALGOS = ("asgd", "dcasgd-a", "agn", "ssgd")
 # the local Adam's for AGN (window 10).
 LR = {"sgd": 0.05, "asgd": 0.05, "dcasgd-a": 0.05, "dcasgd-c": 0.05, "ssgd": 0.05, "agn": 0.001}
 PARAMS = {"agn": {"window": 10, "local_opt": "adam"}}
-
-
-def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
-    """Virtual seconds at which the test accuracy first reaches ``target``, linearly
-    interpolated between the two evaluations around the crossing; None if never."""
-    prev = None
-    for t, acc in curve:
-        if acc is not None and acc >= target:
-            if prev is None or prev[1] is None or not math.isfinite(prev[1]):
-                return t
-            t0, a0 = prev
-            return t0 + (target - a0) / (acc - a0) * (t - t0)
-        prev = (t, acc)
-    return None
 
 
 def tau_median(histogram: dict[str, int]) -> float:
@@ -92,7 +73,7 @@ def one_run(train, test, model: str, algo: str, workers: int, delay: str, seed: 
         "final_test_acc": s["final_test_acc"], "best_test_acc": s["best_test_acc"],
         "final_test_loss": s["final_test_loss"],
         "tau_mean": s["tau_mean"], "tau_median": tau_median(res.staleness["histogram"]), "tau_max": s["tau_max"],
-        "virtual_s_to_target": time_to_target(curve, args.target),
+        "virtual_s_to_target": common.crossing(curve, args.target),
         "virtual_s": s["virtual_s"], "updates": s["updates"], "samples": s["samples"],
         "nonfinite_skipped": s["nonfinite_skipped"], "diverged": s["diverged"], "notes": s["notes"],
         "wall_s": round(wall, 2),
@@ -102,20 +83,16 @@ def one_run(train, test, model: str, algo: str, workers: int, delay: str, seed: 
     }
 
 
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def aggregate(runs: list[dict]) -> dict:
     n = len(runs)
     reached = [r["virtual_s_to_target"] for r in runs if r["virtual_s_to_target"] is not None]
     out = {"seeds": n}
     for key in ("final_test_acc", "best_test_acc", "virtual_s", "updates", "tau_mean", "tau_median"):
-        out[key + "_mean"], out[key + "_std"] = mean_std([r[key] for r in runs])
+        out[key + "_mean"], out[key + "_std"] = common.mean_std([r[key] for r in runs])
     out["tau_max"] = max(r["tau_max"] for r in runs)
     out["reached"] = len(reached)
     if reached:
-        out["virtual_s_to_target_mean"], out["virtual_s_to_target_std"] = mean_std(reached)
+        out["virtual_s_to_target_mean"], out["virtual_s_to_target_std"] = common.mean_std(reached)
     out["nonfinite_skipped"] = [r["nonfinite_skipped"] for r in runs]
     out["diverged"] = sum(bool(r["diverged"]) for r in runs)
     return out
@@ -158,13 +135,6 @@ def parse_lr(text: str) -> dict[str, float]:
     return lr
 
 
-def compact_json(payload: dict) -> str:
-    """JSON with every list of numbers on one line (the curves stay readable and small)."""
-    text = json.dumps(payload, indent=2)
-    return re.sub(r"\[\s*((?:-?[0-9.eE+-]+|null)(?:,\s*(?:-?[0-9.eE+-]+|null))*)\s*\]",
-                  lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text) + "\n"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default=",".join(map(str, WORKERS)), help="comma-separated M [%(default)s]")
@@ -197,7 +167,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     seeds = list(range(args.seeds))
 
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv))
+    command = common.command(argv)
     machine = common.machine()
     train, test = sg.load_pair(args.dataset)
     print(f"machine: {machine['nproc']} cores, {machine['cpu']}, torch {machine['torch']}, {machine['threads']} "
@@ -243,10 +213,7 @@ def main(argv=None) -> int:
     print(f"\nmachine: {machine['nproc']} cores, {machine['cpu']}, torch {machine['torch']}, {machine['time']}; "
           f"load average {payload['loadavg_before']} -> {payload['loadavg_after']}; {seconds} s")
     if args.out != "-":
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(compact_json(payload))
-        print(f"-> {out}")
+        print(f"-> {common.save(args.out, common.compact_json(payload))}")
     return 0
 
 

@@ -20,7 +20,6 @@ import torch
 
 import stalegrad as sg
 from stalegrad.models import build_model
-from workloads import PeakRSS, TimedSimulator, image_data, plain_samples_per_s
 
 BATCH = 128
 LR = 0.05
@@ -36,14 +35,14 @@ def plain_loop(model_name: str, train, samples: int) -> float:
     torch.manual_seed(0)
     model = build_model(model_name, tuple(train.x.shape[1:]), 10)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    return plain_samples_per_s(model, opt, train, samples // BATCH, BATCH)
+    return common.plain_samples_per_s(model, opt, train, samples // BATCH, BATCH)
 
 
 def sim_run(model_name: str, train, test, workers: int, samples: int) -> dict:
     """samples/s of the simulator's event loop, and what the run's state costs."""
     gc.collect()
-    sim = TimedSimulator()
-    with PeakRSS() as mem:
+    sim = common.TimedSimulator()
+    with common.PeakRSS() as mem:
         res = sg.train(model_name, train, test, "asgd", workers, sim, epochs=samples / len(train.y),
                        batch_size=BATCH, lr=LR, eval_every=1e9, seed=0)
     n_params = res.weights.numel()
@@ -55,7 +54,7 @@ def sim_run(model_name: str, train, test, workers: int, samples: int) -> dict:
 
 def run(quick: bool = False) -> dict:
     budget = QUICK_SAMPLES if quick else SAMPLES
-    train, test, source = image_data(max(budget.values()) * 2 if quick else 60_000)
+    train, test, source = common.image_data(max(budget.values()) * 2 if quick else 60_000)
     rounds = 1 if quick else 5
     rows = []
     for model_name, samples in budget.items():
@@ -94,7 +93,7 @@ def table(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-    res = run("--quick" in sys.argv)
-    print(res["table"])
-    print(res["targets"], common.load())
+    ap = common.options(__doc__)
+    args = ap.parse_args()
+    common.settle(ap, args)
+    common.show(run(args.quick))

@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 
-from common import ROOT, machine, write_json
+from common import ROOT, command, machine, write_json
 
 # One run: argv = model algo workers epochs mode threads; prints summary.json's figures as JSON.
 RUN = r"""
@@ -122,7 +122,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--hogs", type=int, default=2, help="busy processes beside the runs in the 'busy' machine")
     a = ap.parse_args()
-    out = {"machine": machine(), "command": "python benchmarks/sim_threads.py " + " ".join(sys.argv[1:])}
+    out = {"machine": machine(), "command": command()}
     if a.part in ("numerics", "all"):
         out["numerics"] = part_numerics(a.rounds)
         for r in out["numerics"]:

@@ -28,12 +28,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-import stalegrad  # noqa: E402,F401  first, so that its OMP_WAIT_POLICY default reaches libgomp
-import common  # noqa: E402  (imports torch: after stalegrad)
+import common  # stalegrad first, so that its OMP_WAIT_POLICY default reaches libgomp, then torch
 
 ALGOS = ("dcasgd-c", "asgd")
 MODES = ("default", "active", "flush")
@@ -137,6 +133,7 @@ if __name__ == "__main__":
         algo, flush, epochs = sys.argv[2], sys.argv[3] == "1", float(sys.argv[4])
         print(json.dumps(child(algo, flush, epochs)))
     else:
-        res = run("--quick" in sys.argv, neighbour="--no-neighbour" not in sys.argv)
-        print(res["table"])
-        print(res["targets"])
+        ap = common.options(__doc__, threads=False, clock=False)   # wall time, torch's threads: what stalls
+        ap.add_argument("--no-neighbour", action="store_true", help="no busy process beside the runs")
+        args = ap.parse_args()
+        common.show(run(args.quick, neighbour=not args.no_neighbour))

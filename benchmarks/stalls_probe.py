@@ -81,7 +81,9 @@ def subnormals(algo, flush, epochs):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "threads":
+    if sys.argv[1:2] == ["threads"] and len(sys.argv) == 3:
         threads(sys.argv[2])
-    else:
+    elif sys.argv[1:2] == ["subnormals"] and len(sys.argv) == 5:
         subnormals(sys.argv[2], sys.argv[3] == "1", float(sys.argv[4]))
+    else:
+        sys.exit(__doc__)

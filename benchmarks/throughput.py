@@ -32,45 +32,21 @@ load: every run's load average is recorded beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import common  # stalegrad, then torch
 
-import stalegrad as sg  # noqa: E402
-from stalegrad.algorithms import ALGORITHMS  # noqa: E402
-from stalegrad.study.report_time import FORMAT  # noqa: E402
-from stalegrad.runtimes import LocalRuntime  # noqa: E402
+import stalegrad as sg
+from stalegrad.algorithms import ALGORITHMS
+from stalegrad.runtimes import LocalRuntime
+from stalegrad.study.report_time import FORMAT
 
 BATCH = 128
 WINDOWS = (10, 40)
 ALGOS = ("agn", "aeasgd", "dynsgd", "downpour", "async-local-sgd", "diloco")
-FASHION = Path("/usr/share/datasets/fashion-mnist")
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def load_data(data_dir: str):
@@ -78,10 +54,9 @@ def load_data(data_dir: str):
         train, test = sg.load_pair("mnist", data_dir)
         name = f"mnist ({data_dir})"
     except Exception:   # noqa: BLE001  a machine without MNIST: Fashion-MNIST, installed with the package
-        train, test = sg.load_pair("fashion-mnist", FASHION if FASHION.is_dir() else None)
+        train, test = sg.load_pair("fashion-mnist", common.FASHION if common.FASHION.is_dir() else None)
         name = "fashion-mnist"
-    train.x.share_memory_(), train.y.share_memory_()   # once: every local run maps it
-    return train, SimpleNamespace(x=test.x[:500], y=test.y[:500], num_classes=10), name
+    return (*common.for_local_runs(train, test, 500), name)
 
 
 def seconds_per_commit(messages: list[dict], workers: int) -> tuple[float, int]:
@@ -144,10 +119,10 @@ def main() -> None:
     ap.add_argument("--commits", type=int, default=20, help="commits per worker in each run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--data-dir", default="/work/shared/data")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(common.RESULTS))
     args = ap.parse_args()
     algos = [a for a in args.algos.split(",") if a]
-    t_start, before = time.perf_counter(), uptime()
+    t_start, before = time.perf_counter(), common.uptime()
     train, test, data = load_data(args.data_dir)
     runs = []
     for r in range(args.rounds):
@@ -172,17 +147,17 @@ def main() -> None:
         commit = statistics.median(x["pull_s_mean"] + x["push_s_mean"] for x in runs if x["algo"] == algo)
         entries[algo] = fit({w: measured[algo][str(w)]["seconds_per_commit"] for w in WINDOWS}, commit)
     out = {"format": FORMAT,
-           "provenance": {"command": " ".join([".venv/bin/python", "benchmarks/throughput.py", *sys.argv[1:]]),
-                          "machine": f"{os.cpu_count()} cores, {cpu_model()}", "date": time.strftime("%Y-%m-%d %H:%M"),
-                          "load": f"before: {before}; after: {uptime()}", "uptime_before": before,
-                          "uptime_after": uptime(), "data": data, "workers": args.workers, "threads_per_worker": 1,
+           "provenance": {"command": common.command(python=".venv/bin/python"),
+                          "machine": f"{os.cpu_count()} cores, {common.cpu_model()}",
+                          "date": time.strftime("%Y-%m-%d %H:%M"),
+                          "load": f"before: {before}; after: {common.uptime()}", "uptime_before": before,
+                          "uptime_after": common.uptime(), "data": data, "workers": args.workers, "threads_per_worker": 1,
                           "rounds": args.rounds, "commits_per_worker": args.commits, "batch_size": BATCH,
                           "model": "mlp", "runtime": "local", "total_s": time.perf_counter() - t_start},
            "algorithms": entries, "measured": measured, "runs": runs}
     dest = Path(args.out)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "throughput.json").write_text(json.dumps(out, indent=2) + "\n")
-    (dest / "throughput.md").write_text(markdown(out))
+    common.write_json("throughput", out, dest)
+    common.save(dest / "throughput.md", markdown(out))
     print(markdown(out))
     print(f"wrote {dest / 'throughput.json'} and {dest / 'throughput.md'}")
 

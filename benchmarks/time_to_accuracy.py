@@ -25,18 +25,15 @@ arms in one run, one after the other.
 """
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import stalegrad as sg  # noqa: E402  first: its OMP_WAIT_POLICY default must reach libgomp
-import common  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import common  # stalegrad first: its OMP_WAIT_POLICY default must reach libgomp
+import torch
+import torch.nn.functional as F
 
-from stalegrad.models import build_model  # noqa: E402
-from stalegrad.core.worker import FlatModel  # noqa: E402
+import stalegrad as sg
+from stalegrad.core.worker import FlatModel
+from stalegrad.models import build_model
 
 MODEL, BATCH, LR, SEED = "agn-mlp", 128, 0.001, 0
 EVAL_EVERY = 0.05                 # epochs: 3,000 samples
@@ -56,20 +53,20 @@ class EvalClock:
         self.spans: list[tuple[float, float]] = []   # (start, seconds)
 
     def __enter__(self):
-        self._orig = FlatModel.evaluate
+        self.original = FlatModel.evaluate
         clock = self
 
         def timed(model, *a, **kw):
             t, c = time.perf_counter(), common.clock()
             try:
-                return clock._orig(model, *a, **kw)
+                return clock.original(model, *a, **kw)
             finally:
                 clock.spans.append((t, common.clock() - c))
         FlatModel.evaluate = timed
         return self
 
     def __exit__(self, *exc):
-        FlatModel.evaluate = self._orig
+        FlatModel.evaluate = self.original
 
     def before(self, moment: float) -> float:
         return sum(s for t, s in self.spans if t < moment)
@@ -201,19 +198,10 @@ def table(rows: list[dict], target: float) -> str:
     return common.table(cols, body)
 
 
-if __name__ == "__main__":
-    import argparse
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
+if __name__ == "__main__":   # --clock cpu: the local runtime's rows are left out (several processes)
+    ap = common.options(__doc__)
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--cap", type=float, default=None, help="seconds per arm")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="cpu: this process's CPU time with one thread, for a busy machine (the local runtime's "
-                         "rows are then left out)")
     args = ap.parse_args()
-    if args.clock == "cpu":
-        torch.set_num_threads(1)
-        common.use_cpu_clock()
-    res = run(args.quick, args.target, args.cap)
-    print(res["table"])
-    print(res["targets"], "load", common.load())
+    common.settle(ap, args)
+    common.show(run(args.quick, args.target, args.cap))

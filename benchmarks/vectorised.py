@@ -16,7 +16,6 @@ import torch
 
 import stalegrad as sg
 from stalegrad.data import load_pair
-from workloads import TimedSimulator, image_data
 
 BATCH = 128
 WORKERS = 16
@@ -31,7 +30,7 @@ QUICK = {("synthetic", "logreg"): 16_384, ("synthetic", "mlp"): 8_192,
 
 
 def one(model, train, test, samples: int, vectorised: bool, workers: int = WORKERS):
-    sim = TimedSimulator(vectorised=vectorised)
+    sim = common.TimedSimulator(vectorised=vectorised)
     res = sg.train(model, train, test, "asgd", workers, sim, epochs=samples / len(train.y), batch_size=BATCH,
                    lr=0.05, eval_every=1e9, seed=0)
     return res.summary["samples"] / sim.elapsed, res
@@ -106,7 +105,7 @@ def sensitivity(model: str, train, test, samples: int, eps: float = 1e-7) -> flo
 
 def run(quick: bool = False) -> dict:
     budget = QUICK if quick else RUNS
-    images = image_data(60_000)
+    images = common.image_data(60_000)
     data = {"synthetic": load_pair("synthetic") + ("synthetic (32 features)",), "mnist-shaped": images}
     first_call_s, second_call_s = first_call()   # torch.func's set-up, in a fresh process
     rounds = 1 if quick else 3
@@ -155,7 +154,7 @@ def table(rows: list[dict], first_call_s: float, second_call_s: float) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-    res = run("--quick" in sys.argv)
-    print(res["table"])
-    print(res["targets"], common.load())
+    ap = common.options(__doc__)
+    args = ap.parse_args()
+    common.settle(ap, args)
+    common.show(run(args.quick))

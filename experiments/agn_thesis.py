@@ -7,7 +7,7 @@ n and λ from 10 to 40 in steps of 5: the 4.8M-parameter MLP, 40 epochs, a Spark
 Its "validation accuracy" is measured on MNIST's test set, so it stands beside our test accuracy.
 
 Each GRID_DIR is a finished protocol grid (its report/report.json, selected on validation accuracy:
-``decisive.load``); the grids' selections are merged, so AGN may come from one grid and AEASGD from
+``shared.load_grid``); the grids' selections are merged, so AGN may come from one grid and AEASGD from
 another (the leaderboard splits them) as long as the cell (data set, delay, n, window) is the same. For
 every thesis cell that our grids ran, this prints both accuracies, AGN − AEASGD from the thesis (one run)
 and ours (the paired per-seed differences on the reporting seeds, 95% t interval, ``stats.verdict``), and
@@ -20,10 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decisive import difference, load, summary, table  # noqa: E402
+from shared import difference, load_grid, pct, summary, table
 
-from stalegrad.study.stats import DOES_NOT_HOLD, HOLDS, t_interval, verdict  # noqa: E402
+from stalegrad.study.stats import DOES_NOT_HOLD, HOLDS, t_interval, verdict
 
 # (n, λ): (AGN test accuracy, AEASGD test accuracy, AGN's temporal efficiency against AEASGD), in %
 THESIS = {
@@ -96,7 +95,6 @@ def compare(reports: list[dict]) -> tuple[list[dict], list[str]]:
         rows.append({"n": n, "window": w, "delay": delay, "thesis": thesis,
                      "agn": a, "aeasgd": b, "agn_minus_aeasgd": d, "verdict": v,
                      "direction": direction(v, thesis["agn_minus_aeasgd"])})
-        pct = lambda f: f"{100 * f['mean']:.2f} [{100 * f['lo']:.2f}, {100 * f['hi']:.2f}]"  # noqa: E731
         out.append([str(n), str(w), delay, f"{t_agn:.2f}", pct(a), f"{t_ae:.2f}", pct(b), f"{thesis['agn_minus_aeasgd']:+.2f}",
                     f"{100 * d['mean']:+.2f} [{100 * d['lo']:+.2f}, {100 * d['hi']:+.2f}] (n={d['n']})", v,
                     rows[-1]["direction"]])
@@ -142,7 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("grid_dirs", nargs="+", type=Path, help="finished protocol grids (their report/report.json)")
     ap.add_argument("--out", help="write the markdown table here; else print it")
     args = ap.parse_args(argv)
-    rows, lines = compare([load(g) for g in args.grid_dirs])
+    rows, lines = compare([load_grid(g, "agn_thesis.py") for g in args.grid_dirs])
     if not rows:
         sys.exit("agn_thesis.py: none of the thesis's cells (MNIST, n and window from 10 to 40 in steps of 5, AGN and "
                  "AEASGD both selected) is in these grids")

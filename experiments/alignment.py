@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from shared import table
+
 from stalegrad.errors import StalegradError
 from stalegrad.study.report import load_runs
 from stalegrad.study.report_probes import alignment_row, read_probes
@@ -64,24 +66,24 @@ def compare(cells: dict) -> list[dict]:
 
 
 def render(cells: dict, rows: list[dict]) -> str:
-    iv = lambda f: f"{f['mean']:+.3f} [{f['lo']:+.3f}, {f['hi']:+.3f}]"  # noqa: E731
-    lines = ["# AGN RQ4 over seeds: the alignment of commits, window by window", "",
-             "Per run: the mean over its probes; per cell: the mean over seeds with a 95% t interval (n seeds).", "",
-             "| rule | workers | window | probes a run | cos towards minimum | cos with another worker's commit |",
-             "|---|---|---|---|---|---|"]
+    signed = lambda f: f"{f['mean']:+.3f} [{f['lo']:+.3f}, {f['hi']:+.3f}]"  # noqa: E731
+    per_cell = []
     for (algo, workers, window), runs in sorted(cells.items()):
         col = lambda m: t_interval([r[m] for r in runs.values() if r[m] is not None])  # noqa: E731
         ce, cp = col("cos_eval"), col("cos_prev")
         n = sorted(r["n"] for r in runs.values())
-        lines.append(f"| {algo} | {workers} | {window} | {n[0]}-{n[-1]} | {iv(ce)} (n={ce['n']}) | "
-                     f"{iv(cp)} (n={cp['n']}) |")
-    lines += ["", "Window w against window 1 (single steps), the difference of the per-run means, paired by seed:", "",
-              "| rule | workers | window | claim | difference [95% t] (seeds) | verdict |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['algo']} | {r['workers']} | {r['window']} | the commit {r['claim']} than a single step | "
-                     f"{iv(r['difference'])} ({len(r['seeds'])}) | {r['verdict']} |")
+        per_cell.append([str(algo), str(workers), str(window), f"{n[0]}-{n[-1]}", f"{signed(ce)} (n={ce['n']})",
+                         f"{signed(cp)} (n={cp['n']})"])
+    paired = [[str(r["algo"]), str(r["workers"]), str(r["window"]), f"the commit {r['claim']} than a single step",
+               f"{signed(r['difference'])} ({len(r['seeds'])})", r["verdict"]] for r in rows]
     held = sum(r["verdict"] == "holds" for r in rows)
-    lines += ["", f"{held} of {len(rows)} comparisons hold."]
+    lines = ["# AGN RQ4 over seeds: the alignment of commits, window by window", "",
+             "Per run: the mean over its probes; per cell: the mean over seeds with a 95% t interval (n seeds).", "",
+             *table(per_cell, ["rule", "workers", "window", "probes a run", "cos towards minimum",
+                               "cos with another worker's commit"]),
+             "Window w against window 1 (single steps), the difference of the per-run means, paired by seed:", "",
+             *table(paired, ["rule", "workers", "window", "claim", "difference [95% t] (seeds)", "verdict"]),
+             f"{held} of {len(rows)} comparisons hold."]
     return "\n".join(lines) + "\n"
 
 

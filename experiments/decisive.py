@@ -26,58 +26,15 @@ import math
 import sys
 from pathlib import Path
 
+from shared import cell, difference, fmt, iv, load_grid, per_seed, shown, summary, table
+
 from stalegrad.study.stats import DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, t_interval, verdict
 
 MARGIN = 0.005
 
 
 def load(grid_dir: Path) -> dict:
-    return load_report(grid_dir / "report" / "report.json", "decisive.py",
-                       "run the grid to its end first (it writes the report)")
-
-
-def load_report(path: Path, script: str, hint: str) -> dict:
-    """A protocol report.json, refused in one line unless it selected on validation accuracy."""
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        sys.exit(f"{script}: cannot read {path} ({e}); {hint}")
-    if not report.get("protocol") or report["protocol"].get("selected_on") != "validation":
-        sys.exit(f"{script}: {path} has no protocol selected on validation accuracy; run a grid with a "
-                 "[protocol] table and val_split")
-    return report
-
-
-def per_seed(report: dict) -> dict:
-    """(selected algorithm, where) -> {seed: final test accuracy} on the reporting seeds."""
-    groups = {g["label"]: g for g in report["groups"]}
-    p = report["protocol"]
-    out = {}
-    for s in p["selections"]:
-        g = groups.get(s.get("group"))
-        if g is not None:
-            out[(s["algo"], s["where"])] = {r["seed"]: r["final_test_acc"] for r in g["runs"]
-                                            if r["seed"] in p["report_seeds"]}
-    return out
-
-
-def cell(where: str) -> dict:
-    """``"window=10 workers=8"`` (the report's ``where``) as ``{"window": "10", "workers": "8"}``."""
-    return dict(part.split("=", 1) for part in where.split() if "=" in part)
-
-
-def shown(where: str) -> str:
-    """The parts of a cell that tell the cells of a grid apart (an algorithm's own fixed parameters, such
-    as dcasgd-a's eps, are not a cell)."""
-    return " ".join(f"{k}={v}" for k, v in cell(where).items() if k in ("workers", "window", "delay")) or where
-
-
-def fmt(x: float, spec: str = ".4f") -> str:
-    return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
-
-
-def iv(f: dict, spec: str = ".4f") -> str:
-    return f"{fmt(f['mean'], spec)} [{fmt(f['lo'], spec)}, {fmt(f['hi'], spec)}] (n={f['n']})"
+    return load_grid(grid_dir, "decisive.py")
 
 
 def within(f: dict, margin: float = MARGIN) -> str:
@@ -93,10 +50,6 @@ def figures(report: dict, kind: str, claim: str) -> list[dict]:
     return [f for f in report["protocol"]["figures"] if f["kind"] == kind and f["claim"].startswith(claim)]
 
 
-def table(rows: list[list[str]], head: list[str]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows), ""]
-
-
 def claim_rows(report: dict, kind: str, claims: list[str]) -> list[list[str]]:
     rows = []
     for c in claims:
@@ -104,12 +57,6 @@ def claim_rows(report: dict, kind: str, claims: list[str]) -> list[list[str]]:
             why = f" ({f['why']})" if f.get("why") else ""
             rows.append([f["claim"], shown(f["where"]), iv(f), f["verdict"] + why])
     return rows
-
-
-def summary(rows: list[list[str]], col: int = -1) -> str:
-    """One line: how many of the rows' verdicts hold, do not hold, are inconclusive."""
-    vs = [r[col].split(" (")[0] for r in rows]
-    return ", ".join(f"{vs.count(v)} {v}" for v in (HOLDS, DOES_NOT_HOLD, INCONCLUSIVE) if vs.count(v)) or "no figure"
 
 
 def selections(report: dict) -> list[str]:
@@ -121,11 +68,6 @@ def selections(report: dict) -> list[str]:
     seeds = ", ".join(map(str, report["protocol"]["select_seeds"]))
     return table(rows, ["algorithm", "cell", "selected", f"validation score (seeds {seeds})",
                         "test acc, reporting seeds", "grid edge"])
-
-
-def difference(a: dict, b: dict) -> dict:
-    seeds = sorted(set(a) & set(b))
-    return {**t_interval([a[s] - b[s] for s in seeds]), "seeds": seeds}
 
 
 def dcasgd(report: dict, probes: dict | None) -> list[str]:

@@ -24,10 +24,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from stalegrad.study.stats import verdict
+from shared import difference, fmt, iv, load_grid, per_seed, summary, table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decisive import difference, fmt, iv, load, per_seed, summary, table  # noqa: E402
+from stalegrad.study.stats import verdict
 
 PARAM = {"dcasgd-c": "lam", "dcasgd-a": "lam0"}
 
@@ -109,7 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default="DC-ASGD: lambda by lambda, and tuned, against ASGD")
     args = ap.parse_args(argv)
-    report = load(args.grid_dir)
+    report = load_grid(args.grid_dir, "lambda_sweep.py")
     p = report["protocol"]
     if any(k in p["tune"] for k in PARAM.values()):
         sys.exit(f"lambda_sweep.py: {args.grid_dir}'s protocol tunes {', '.join(p['tune'])}; this script needs lam "

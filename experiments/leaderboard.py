@@ -42,7 +42,10 @@ import math
 import sys
 from pathlib import Path
 
-from stalegrad.study.stats import HOLDS, INCONCLUSIVE, t_interval, verdict
+import shared
+from shared import fmt, table
+
+from stalegrad.study.stats import HOLDS, t_interval, verdict
 
 GRIDS = ("grad_asgd", "grad_sgd", "grad_dana", "grad_momentum", "grad_gap", "grad_sasgd", "commit_agn", "commit_outer",
          "commit_downpour", "commit_agn_fashion", "commit_outer_fashion", "commit_downpour_fashion")
@@ -176,8 +179,7 @@ def accuracy(e: dict) -> dict:
 
 def difference(a: dict, b: dict) -> dict:
     """a - b paired by reporting seed (the seeds both ran), with its t interval."""
-    seeds = sorted(set(a["acc"]) & set(b["acc"]))
-    return {**t_interval([a["acc"][s] - b["acc"][s] for s in seeds]), "seeds": seeds}
+    return shared.difference(a["acc"], b["acc"])
 
 
 def mismatch(es: list[dict]) -> list[str]:
@@ -185,16 +187,13 @@ def mismatch(es: list[dict]) -> list[str]:
     return [k for k in SHARED if len({json.dumps(e["cell"].get(k)) for e in es if k in e["cell"]}) > 1]
 
 
-def fmt(x: float, spec: str = ".4f") -> str:
-    return format(x, spec) if math.isfinite(x) else "-"
-
-
 def iv(f: dict, spec: str = ".4f") -> str:
+    """``shared.iv``, saying so where a diverged run leaves no mean or no interval."""
     if not math.isfinite(f["mean"]):
         return f"no mean (n={f['n']})"
     if not (math.isfinite(f["lo"]) and math.isfinite(f["hi"])):
         return f"{fmt(f['mean'], spec)} (no interval, n={f['n']})"
-    return f"{fmt(f['mean'], spec)} [{fmt(f['lo'], spec)}, {fmt(f['hi'], spec)}] (n={f['n']})"
+    return shared.iv(f, spec)
 
 
 def acc_text(e: dict) -> str:
@@ -229,10 +228,6 @@ def edge_text(e: dict) -> str:
 def tuned(e: dict) -> str:
     parts = (f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in e["tuned"].items())
     return ", ".join(parts) or "none"
-
-
-def table(rows: list[list[str]], head: list[str]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows), ""]
 
 
 def ranked(es: list[dict]) -> list[dict]:
@@ -300,8 +295,7 @@ def cell_name(key: tuple) -> str:
 
 
 def tally(rows: list[list[str]]) -> str:
-    vs = [r[-1] for r in rows]
-    return ", ".join(f"{vs.count(v)} {v}" for v in (HOLDS, "does not hold", INCONCLUSIVE) if vs.count(v)) or "none"
+    return shared.tally([r[-1] for r in rows])
 
 
 # ---------------------------------------------------------------- the plot

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from shared import pct
+
 from stalegrad.errors import StalegradError
 from stalegrad.study.report import load_runs
 from stalegrad.study.stats import t_interval, verdict
@@ -49,7 +51,6 @@ def main(argv=None) -> int:
     except StalegradError as e:
         sys.exit(f"paired.py: {e}")
     p = paired(runs, args.a, args.b)
-    pct = lambda f: f"{100 * f['mean']:.2f} [{100 * f['lo']:.2f}, {100 * f['hi']:.2f}]"  # noqa: E731
     d = p["difference"]
     print(f"seeds {', '.join(map(str, p['seeds']))}: {args.a} {pct(p[args.a])}, {args.b} {pct(p[args.b])}; "
           f"{args.a} − {args.b} {100 * d['mean']:+.2f} [{100 * d['lo']:+.2f}, {100 * d['hi']:+.2f}] points "

@@ -42,15 +42,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import click
-
-from stalegrad.cli.report import seed_list
-from stalegrad.errors import StalegradError
+from stalegrad.errors import StalegradError, UsageError
 from stalegrad.run.metrics import temporal_efficiency
 from stalegrad.study.report import load_runs
 from stalegrad.study.report_curves import central_curve, workers_curve
 from stalegrad.run.results import json_text
-from stalegrad.study.selection import select
+from stalegrad.study.selection import seed_list, select
 
 DC_ALGOS = ("sgd", "ssgd", "asgd", "dcasgd-c", "dcasgd-a")
 AGN_ALGOS = ("agn", "aeasgd", "dynsgd", "downpour")
@@ -363,11 +360,12 @@ def plot_agn(result: dict, path: str) -> None:
 # ---------------------------------------------------------------- the selection rule from the command line
 
 def seed_option(flag: str, text: str | None) -> list[int] | None:
-    """``stalegrad report``'s parser of "0,1,2" and "3-9", its usage error made ours."""
+    """``stalegrad report``'s parser of "0,1,2" and "3-9" (``stalegrad.study.selection.seed_list``), its usage
+    error made ours."""
     try:
         return seed_list(flag, text)
-    except click.UsageError as e:
-        raise Refused(e.message) from None
+    except UsageError as e:
+        raise Refused(str(e)) from None
 
 
 def recorded_seeds(grid_dir: str) -> tuple | None:

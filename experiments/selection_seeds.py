@@ -14,8 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decisive import iv, load_report, shown, table  # noqa: E402
+from shared import iv, load_report, shown, table
 
 
 def load(path: Path) -> dict:

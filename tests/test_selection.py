@@ -11,8 +11,8 @@ import torch
 import stalegrad as sg
 from stalegrad.run.config import RunConfig
 from stalegrad.data.split import VAL_SPLIT_SEED, holdout, split_indices, val_count
-from stalegrad.errors import ConfigError
-from stalegrad.study.selection import edges, extend, failure_rate, run_failure, score, select
+from stalegrad.errors import ConfigError, UsageError
+from stalegrad.study.selection import MAX_SEED, edges, extend, failure_rate, run_failure, score, seed_list, select
 from stalegrad.study.stats import (DOES_NOT_HOLD, HOLDS, INCONCLUSIVE, bootstrap, quantile, ratio_of_gaps, t_interval,
                              t_quantile, verdict)
 from tests.helpers import TEST, TRAIN, blobs
@@ -318,3 +318,14 @@ def test_quantile_is_the_inverse_cdf():
     (math.nan, math.nan, 0.0, 1, INCONCLUSIVE)])
 def test_verdicts(lo, hi, null, direction, expected):
     assert verdict(lo, hi, null, direction) == expected
+
+
+def test_seed_lists_parse_ranges_and_refuse_anything_else_in_one_line_naming_the_option():
+    assert seed_list("--select-seeds", " 3-5, 0,4 ") == [3, 4, 5, 0]     # ranges, in order, each seed once
+    assert seed_list("--select-seeds", None) is None
+    for text, why in (("2-0", "integers >= 0 and ranges"), ("a", "integers >= 0 and ranges"), ("", "ranges"),
+                      (f"0,{MAX_SEED + 1}", f"larger than any seed a run takes ({MAX_SEED})"),
+                      ("0-10000", "10001 seeds, more than the 10000")):
+        with pytest.raises(UsageError, match="^--report-seeds ") as e:
+            seed_list("--report-seeds", text)
+        assert why in str(e.value) and "\n" not in str(e.value)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from ..errors import StalegradError
+from ..errors import StalegradError, UsageError
+from ..study import selection
 
 
 class _Failed(click.ClickException):
@@ -97,30 +98,9 @@ def names(text: str | None) -> list[str] | None:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
-MAX_SEEDS = 10_000   # a list of seeds is one run per seed and setting: more than this is no protocol, but a typo
-MAX_SEED = 2**32 - 1   # the largest seed a run takes (--seed)
-
-
 def seed_list(flag: str, text: str | None) -> list[int] | None:
-    """``0-2,5`` -> [0, 1, 2, 5] (at most ``MAX_SEEDS`` seeds, each at most ``MAX_SEED``); a one-line usage
-    error (exit 2) for anything else, found before any list is built."""
-    if text is None:
-        return None
-    ranges = []
+    """``0-2,5`` -> [0, 1, 2, 5] (``stalegrad.study.selection.seed_list``), its error as click's usage error."""
     try:
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            a, _, b = part.partition("-")
-            lo, hi = int(a), int(b) if b else int(a)
-            if lo < 0 or hi < lo:
-                raise ValueError
-            ranges.append((lo, hi))
-    except ValueError:
-        ranges = []
-    if not ranges:
-        raise click.UsageError(f"{flag} {text!r}: give seeds as integers >= 0 and ranges, e.g. 0-2 or 0,1,2")
-    if (top := max(hi for _, hi in ranges)) > MAX_SEED:
-        raise click.UsageError(f"{flag} {text!r}: seed {top} is larger than any seed a run takes ({MAX_SEED})")
-    if (n := sum(hi - lo + 1 for lo, hi in ranges)) > MAX_SEEDS:
-        raise click.UsageError(f"{flag} {text!r}: {n} seeds, more than the {MAX_SEEDS} a protocol may list; give "
-                               "the seeds the runs have, e.g. 0-2")
-    return list(dict.fromkeys(s for lo, hi in ranges for s in range(lo, hi + 1)))
+        return selection.seed_list(flag, text)
+    except UsageError as e:
+        raise click.UsageError(str(e)) from None

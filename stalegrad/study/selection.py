@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from ..errors import UsageError
+
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -173,3 +175,34 @@ def edge_text(edge: dict) -> str:
                 f"nothing to extend")
     return (f"{edge['axis']} {edge['value']:g} is the {edge['side']} of {shown}: the best value may lie "
             f"outside the grid; extend it (e.g. {edge['axis']} {edge['suggest']:g})")
+
+
+MAX_SEEDS = 10_000   # a list of seeds is one run per seed and setting: more than this is no protocol, but a typo
+MAX_SEED = 2**32 - 1   # the largest seed a run takes (run.config.MAX_SEED)
+
+
+def seed_list(name: str, text: str | None) -> list[int] | None:
+    """The seeds a protocol lists, as ``stalegrad report --select-seeds`` and the study's scripts read them:
+    ``"0-2,5"`` -> [0, 1, 2, 5] (at most ``MAX_SEEDS`` seeds, each at most ``MAX_SEED``); None for None.
+    Anything else is a one-line ``UsageError`` that starts with ``name`` (the option), raised before any
+    list is built."""
+    if text is None:
+        return None
+    ranges = []
+    try:
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            a, _, b = part.partition("-")
+            lo, hi = int(a), int(b) if b else int(a)
+            if lo < 0 or hi < lo:
+                raise ValueError
+            ranges.append((lo, hi))
+    except ValueError:
+        ranges = []
+    if not ranges:
+        raise UsageError(f"{name} {text!r}: give seeds as integers >= 0 and ranges, e.g. 0-2 or 0,1,2")
+    if (top := max(hi for _, hi in ranges)) > MAX_SEED:
+        raise UsageError(f"{name} {text!r}: seed {top} is larger than any seed a run takes ({MAX_SEED})")
+    if (n := sum(hi - lo + 1 for lo, hi in ranges)) > MAX_SEEDS:
+        raise UsageError(f"{name} {text!r}: {n} seeds, more than the {MAX_SEEDS} a protocol may list; give "
+                         "the seeds the runs have, e.g. 0-2")
+    return list(dict.fromkeys(s for lo, hi in ranges for s in range(lo, hi + 1)))
