@@ -167,7 +167,7 @@ class WorkerActor:
         self.host = self.pulled if self.on_cpu else torch.empty(self.pulled.shape)
         self.computed = None
         self.buffers = [b for b in model.module.buffers() if b.is_floating_point()]
-        self.pending = None   # the direct path: a message the shard has not taken yet (WAIT)
+        self.pending = None   # the direct path: (generation, meta, message, statistics) not taken yet (WAIT)
         self.latency = None   # the direct path: seconds of this worker's last push round trip
 
     def ping(self) -> int:
@@ -214,8 +214,10 @@ class WorkerActor:
         NonFiniteError (``on_nonfinite`` "stop")."""
         import ray
         m = self.worker.id
+        if self.pending is not None and self.pending[0] != generation:
+            self.pending = None   # computed on the weights of a shard since restored: dropped, as in flight
         try:
-            reply = ray.get(shard.push_direct.remote(m, generation, *self.pending) if self.pending is not None
+            reply = ray.get(shard.push_direct.remote(m, *self.pending) if self.pending is not None
                             else shard.pull_direct.remote(m, generation))
             while reply[0] == GO:
                 self.pending = None
@@ -225,10 +227,10 @@ class WorkerActor:
                 self._load([weights])
                 loss, self.computed = self.worker.compute(self.pulled, lr)
                 meta, msg = self._message(loss)
-                self.pending = ((*meta, self.latency), msg,
+                self.pending = (generation, (*meta, self.latency), msg,
                                 [b.detach().cpu().numpy() for b in self.buffers] if self.buffers else None)
                 t = time.perf_counter()
-                reply = ray.get(shard.push_direct.remote(m, generation, *self.pending))
+                reply = ray.get(shard.push_direct.remote(m, *self.pending))
                 self.latency = time.perf_counter() - t
         except ray.exceptions.RayTaskError as e:
             self.pending = None
