@@ -1,9 +1,10 @@
 """What an update costs on Ray beyond the local runtime, against the transport's floor, in one run.
 
-    .venv/bin/python benchmarks/ray_overhead.py                  # about 4 minutes on a quiet 2-core machine
-    .venv/bin/python benchmarks/ray_overhead.py --quick          # about 1.5 minutes
+    .venv/bin/python benchmarks/ray_overhead.py                  # 4 min 0 s on the 2-core machine at load 3-8
+    .venv/bin/python benchmarks/ray_overhead.py --quick          # 1 min 46 s there (CPU figures rough)
     .venv/bin/python benchmarks/ray_overhead.py --json out.json  # also write every figure
     .venv/bin/python benchmarks/ray_overhead.py --inline-compare # also: the direct path on Ray's default inline limit
+    .venv/bin/python benchmarks/ray_overhead.py --profile        # also: where an update's time goes, each Ray path
 
 On one local Ray instance (``ray.init(num_cpus=...)``, with the system configuration that
 ``RayRuntime`` gives the instance it starts itself), it measures:
@@ -269,7 +270,7 @@ def ray_session(ray, config: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer rounds and epochs (about 1.5 minutes)")
+    ap.add_argument("--quick", action="store_true", help="one round, shorter runs (under 2 minutes)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds of the small model (default 3)")
     ap.add_argument("--inline-compare", action="store_true",
                     help="also run the direct path on a Ray instance with Ray's default inline limit (100 KiB)")
