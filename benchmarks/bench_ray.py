@@ -16,6 +16,10 @@ server shard of 4.8M parameters (agn-mlp's size), the per-update transport
 cost, and reports the bytes of weights one message moves.
 
 Writes benchmarks/results/ray.json and prints a markdown table.
+
+Since issue 33 a one-shard run of an asynchronous rule takes Ray's direct path; ``--small`` still
+profiles the driver's path (its runtimes make ``driver.Driver`` subclasses), as in issue 19.
+``benchmarks/ray_overhead.py`` compares both paths with the local runtime and a bare round trip.
 """
 from __future__ import annotations
 

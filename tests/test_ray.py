@@ -152,11 +152,12 @@ def test_a_pull_goes_with_a_push_only_when_the_worker_starts_again_at_once():
 StopAfterFirstCheckpoint = stop_after_first_checkpoint(RayRuntime)
 
 
-def test_a_ray_run_stopped_after_a_checkpoint_resumes_to_its_budget(tmp_path):
+@pytest.mark.parametrize("shards", [2, 1])   # one shard: the direct path (workers hold for the checkpoint)
+def test_a_ray_run_stopped_after_a_checkpoint_resumes_to_its_budget(tmp_path, shards):
     path = tmp_path / "ck.pt"
     kw = dict(epochs=3, checkpoint_every=8, checkpoint_path=path, eval_every=0.5, seed=2)
     with pytest.raises(Stop):
-        train("agn", StopAfterFirstCheckpoint(ps_shards=2), **kw)
+        train("agn", StopAfterFirstCheckpoint(ps_shards=shards), **kw)
     first = torch.load(path, weights_only=True)
     v1, done1 = first["run"]["server"]["version"], first["run"]["progress"]["samples"]
     assert 8 <= v1 < 8 + 2 and done1 < 3 * len(TRAIN.y)   # due at update 8; the other worker's message drained
@@ -168,9 +169,9 @@ def test_a_ray_run_stopped_after_a_checkpoint_resumes_to_its_budget(tmp_path):
     with pytest.raises(CheckpointError, match="runtime"):
         train("agn", Simulator(), **{**kw, "resume": path})
     with pytest.raises(ConfigError, match="epochs"):
-        train("agn", RayRuntime(ps_shards=2), **{**kw, "epochs": 0.1, "resume": path})
+        train("agn", RayRuntime(ps_shards=shards), **{**kw, "epochs": 0.1, "resume": path})
 
-    res = train("agn", RayRuntime(ps_shards=2), **{**kw, "resume": path})
+    res = train("agn", RayRuntime(ps_shards=shards), **{**kw, "resume": path})
     s = res.summary
     assert s["samples"] >= 3 * len(TRAIN.y) and s["updates"] > v1
     metrics1 = first["run"]["progress"]["metrics"]

@@ -15,6 +15,7 @@ the life of a run.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -24,6 +25,19 @@ from pathlib import Path
 
 from ..errors import UsageError
 from .files import JSON_LIMIT, JSONL_LIMIT, UnreadableFile, read_text
+
+def weights_sha256(w) -> str:
+    """summary.json's hash of the final weights (float32 bytes)."""
+    import torch
+    return hashlib.sha256(w.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
+
+
+def messages_tensor(columns) -> object:
+    """The columns of a run's messages (``array("d")`` each) as one (messages, fields) float64 tensor."""
+    import torch
+    return torch.stack([torch.frombuffer(c, dtype=torch.float64).clone() if len(c) else
+                        torch.zeros(0, dtype=torch.float64) for c in columns], 1)
+
 
 class OutputError(UsageError):
     """A run directory or output path that cannot be used (one-line message)."""

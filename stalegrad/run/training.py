@@ -8,7 +8,6 @@ each worker pulls, computes and pushes, and how the messages travel.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import time
 from array import array
@@ -25,6 +24,8 @@ from ..errors import ConfigError
 from .model_check import check_model, num_classes, resolve_model
 from ..models.init import initialise
 from .progress import Progress, make_progress
+from .ahead import plan_ahead
+from .results import messages_tensor, weights_sha256
 from ..core.resources import check_memory
 from ..runtimes.base import Evaluator
 from ..core.schedules import LRSchedule
@@ -56,14 +57,6 @@ class TrainResult:
 # One record per pushed message: the samples counted after it, when it arrived (wall and virtual
 # seconds), and its worker's mean mini-batch loss and training accuracy over that message's local steps.
 MESSAGE_FIELDS = ("samples", "wall_s", "virtual_s", "loss", "train_acc")
-
-
-def _tensor(column: array) -> Tensor:
-    return torch.frombuffer(column, dtype=torch.float64).clone() if len(column) else torch.zeros(0, dtype=torch.float64)
-
-
-def weights_sha256(w: Tensor) -> str:
-    return hashlib.sha256(w.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
 
 
 class TrainingRun:
@@ -201,6 +194,10 @@ class TrainingRun:
         if self._on_eval is not None:
             self._on_eval(record)
 
+    def ahead(self, samples: int, messages: int) -> dict:
+        """What the next messages will meet, without counting them (``run/ahead.py``; ``runtimes/base.py``)."""
+        return plan_ahead(self, samples, messages)
+
     def checkpoint_due(self, version: int | None = None) -> bool:
         version = self.server.version if version is None else version
         return self.checkpoint_path is not None and version >= self._next_checkpoint
@@ -244,7 +241,7 @@ class TrainingRun:
                          "loss_count": self._loss_count, "wall_s": self.wall_s(),
                          "next_checkpoint": self._next_checkpoint, "sample_budget": self.sample_budget,
                          "acc_sum": self._acc_sum, "acc_samples": self._acc_samples,
-                         "messages": torch.stack([_tensor(c) for c in self._messages], 1)},
+                         "messages": messages_tensor(self._messages)},
             "buffers": dict(self.model.module.named_buffers()),
             "torch_rng": torch.get_rng_state(),
         }

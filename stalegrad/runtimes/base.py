@@ -79,6 +79,14 @@ class Training(Protocol):
         """Whether ``done`` will hold once ``after_push(samples, ...)`` has counted a message of ``samples``
         samples (a runtime that fetches a worker's next weights with its push asks first)."""
 
+    def ahead(self, samples: int, messages: int) -> dict:
+        """What the next ``messages`` messages of ``samples`` samples each will meet, counted in turn from
+        now, without counting them: {"lr": the rate each is pushed with, "evaluate": the indices after
+        which an evaluation is due, "last": the index of the one that spends the budget or None,
+        "checkpoint": the server version at which a checkpoint is next due or None}. For a runtime whose
+        workers push without asking it each time (the Ray runtime's direct path); a runtime that pushes
+        one message at a time needs only ``lr``, ``evaluation_due``, ``done_after`` and ``checkpoint_due``."""
+
     def after_push(self, samples: int, loss: float, now: float, evaluator: Evaluator | None = None,
                    train_acc: float | None = None) -> None:
         """Count one pushed message of ``samples`` samples, mean loss ``loss`` and training accuracy

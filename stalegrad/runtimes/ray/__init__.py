@@ -8,12 +8,16 @@ The same ``Worker`` and ``ParameterServer`` as every runtime, on Ray actors:
   and tau (``stalegrad/core/sharding.py`` explains and tests the design);
 - one actor per worker (``actors.WorkerActor``), with ``--cpus-per-worker``
   and ``--gpus-per-worker`` as its Ray resource request;
-- the driver (``driver.py``) holds the training run and waits on whichever
-  worker finishes first (``ray.wait``).
+- the driver holds the training run. With one shard and an asynchronous rule
+  that pulls before computing (``direct.fits``) the workers push to and pull
+  from the shard themselves, one round trip per update, and the driver reads
+  the shard's records afterwards (``direct.py``, ``ledger.py``); otherwise the
+  driver waits on whichever worker finishes first (``ray.wait``) and makes every
+  call to the shards (``driver.py``).
 
-Weights and messages travel as numpy arrays through Ray's object store: a
-pull is K slices that the worker receives without a copy by the driver, a
-push K slices that the shards receive the same way. Without ``address`` a
+Weights and messages travel as numpy arrays, inside Ray's task messages up to
+1 MiB on the local instance that ``run`` starts (``LOCAL_SYSTEM_CONFIG``), else
+through its object store, which hands them over without a copy. Without ``address`` a
 new local Ray instance starts (never one found through ``RAY_ADDRESS`` or
 ``ray start``; Ray binds its ports on every interface, not only loopback: see
 docs/cluster.md, Security), and it is shut down at the end, also on Ctrl-C or
@@ -56,7 +60,8 @@ RESTART_TIMEOUT = 10.0
 # The local instance that run() starts passes objects of up to this many bytes (a small model's
 # weights and messages) inside Ray's task messages, not through its shared-memory object store
 # (Ray's default limit is 100 KiB), which costs milliseconds a hop on a small machine
-# (benchmarks/bench_ray.py --small; docs/performance.md, section 6).
+# (benchmarks/ray_overhead.py --inline-compare; docs/performance.md, section 6). A head started with
+# --system-config='{"max_direct_call_object_size": 1048576}' does the same (benchmarks/ray_system_config.py).
 INLINE_BYTES = 1 << 20
 LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_BYTES}
 _PROBED: dict = {}   # address -> (when, what connect.probe read): joined once per run, not per check
@@ -179,9 +184,11 @@ class RayRuntime:
         return out
 
     def make_driver(self, training: Training, resume: dict | None):
-        """The driver of one run (``driver.Driver``); a subclass may return its own."""
+        """The driver of one run: ``direct.DirectDriver`` where the run fits the direct path (one shard, an
+        asynchronous rule that pulls before computing), else ``driver.Driver``; a subclass may return its own."""
+        from .direct import DirectDriver, fits
         from .driver import Driver
-        return Driver(self, training, resume)
+        return (DirectDriver if fits(self, training) else Driver)(self, training, resume)
 
     def run(self, training: Training, *, seed: int = 0, resume: dict | None = None) -> None:
         """Drive ``training`` to its sample budget on Ray; ``resume`` is the state it last saved."""

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import warnings
 
 import numpy as np
 import torch
 
-from ...core.server import ParameterServer
+from ...core.server import NonFiniteError, ParameterServer
 from ...core.worker import FlatModel
+from .ledger import FAILED, GO, LOST, STALE, WAIT, Ledger
 
 
 def to_numpy(obj):
@@ -66,6 +68,7 @@ class ShardActor:
         _quiet()
         self.server = ParameterServer(algorithm, torch.zeros(numel), num_workers, on_nonfinite=on_nonfinite)
         self.loaded = False
+        self.ledger = None   # the direct path's (ledger.py), set by ``direct`` after every load
 
     def ping(self) -> tuple[int, bool]:
         """(process id, whether the shard holds the driver's state)."""
@@ -112,6 +115,35 @@ class ShardActor:
     def load(self, state: dict) -> None:
         self.server.load_state_dict(to_torch(state))
         self.loaded = True
+        self.ledger = None   # a worker still pushing to the state before gets STALE until ``direct``
+
+    # ---- the direct path (ledger.py): the workers call these themselves --------------------------
+    def direct(self, generation: int, count: int, t0: float, drain: bool) -> None:
+        self.ledger = Ledger(self._serving(), generation, count, t0, drain)
+
+    def plan(self, *args, **kwargs) -> None:
+        self._serving()
+        self.ledger.plan(*args, **kwargs)
+
+    def pull_direct(self, worker: int, generation: int) -> tuple:
+        self._serving()
+        return self.ledger.pull(worker, generation) if self.ledger is not None else (STALE,)
+
+    def push_direct(self, worker: int, generation: int, meta: tuple, msg: np.ndarray, buffers) -> tuple:
+        self._serving()
+        return self.ledger.push(worker, generation, meta, msg, buffers) if self.ledger is not None else (STALE,)
+
+    def adopt(self, worker: int, indices: np.ndarray) -> None:
+        if self.ledger is not None:   # (else the driver sends it again with the next ledger)
+            self.ledger.adopt(worker, indices)
+
+    def poll(self, plan: dict | None = None) -> tuple:
+        """The ledger's records since the last poll (``Ledger.poll``), after extending its plan."""
+        self._serving()
+        if plan is not None:
+            self.ledger.plan(**plan)
+        records, snapshots, delivered, pulls, mode = self.ledger.poll()
+        return records, to_numpy(snapshots), delivered, pulls, mode
 
 
 class WorkerActor:
@@ -135,6 +167,8 @@ class WorkerActor:
         self.host = self.pulled if self.on_cpu else torch.empty(self.pulled.shape)
         self.computed = None
         self.buffers = [b for b in model.module.buffers() if b.is_floating_point()]
+        self.pending = None   # the direct path: (generation, meta, message, statistics) not taken yet (WAIT)
+        self.latency = None   # the direct path: seconds of this worker's last push round trip
 
     def ping(self) -> int:
         return os.getpid()
@@ -172,6 +206,45 @@ class WorkerActor:
 
     def adopt(self, indices: np.ndarray) -> None:
         self.worker.stream.extend(torch.from_numpy(indices.copy()))
+
+    def run(self, shard, generation: int) -> tuple:
+        """The direct path (ledger.py): push to and pull from ``shard`` until it says otherwise, one round
+        trip per message (the reply to a push is the next weights). Returns (status, text): the ledger's
+        HOLD, STOP, WAIT or STALE; LOST when the shard died or was restarted; FAILED with the server's
+        NonFiniteError (``on_nonfinite`` "stop")."""
+        import ray
+        m = self.worker.id
+        if self.pending is not None and self.pending[0] != generation:
+            self.pending = None   # computed on the weights of a shard since restored: dropped, as in flight
+        try:
+            reply = ray.get(shard.push_direct.remote(m, *self.pending) if self.pending is not None
+                            else shard.pull_direct.remote(m, generation))
+            while reply[0] == GO:
+                self.pending = None
+                _, lr, weights, adopted = reply
+                for part in adopted:
+                    self.adopt(part)
+                self._load([weights])
+                loss, self.computed = self.worker.compute(self.pulled, lr)
+                meta, msg = self._message(loss)
+                self.pending = (generation, (*meta, self.latency), msg,
+                                [b.detach().cpu().numpy() for b in self.buffers] if self.buffers else None)
+                t = time.perf_counter()
+                reply = ray.get(shard.push_direct.remote(m, *self.pending))
+                self.latency = time.perf_counter() - t
+        except ray.exceptions.RayTaskError as e:
+            self.pending = None
+            if isinstance(e.cause, NonFiniteError):
+                return FAILED, str(e.cause)
+            if isinstance(e.cause, ShardRestarted):
+                return LOST, ""
+            raise
+        except ray.exceptions.RayActorError:
+            self.pending = None   # (computed on weights that the restored server no longer has)
+            return LOST, ""
+        if not (reply[0] == WAIT and not reply[1]):
+            self.pending = None   # taken (or stale: computed on a server that is gone)
+        return reply[0], ""
 
     def state(self) -> dict:
         return to_numpy(self.worker.state_dict())

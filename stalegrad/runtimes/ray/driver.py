@@ -1,4 +1,6 @@
-"""The driver of a Ray run: the asynchronous loop, in the style of Ray's parameter-server example.
+"""The driver's path of a Ray run: the asynchronous loop, in the style of Ray's parameter-server example
+(runs with several shards, synchronous and elastic rules; one shard and an asynchronous rule that pulls
+before computing take the direct path, ``direct.py``, a subclass).
 
     start every worker: step.remote(lr, *pulled slices)
     loop: ray.wait for whichever worker finishes first; push its message to the
@@ -201,6 +203,10 @@ class Driver(Recovery):
             ref = actor.compute.remote(lr)
             self.futures[ref] = (m, [], "compute", [])
 
+    def give_samples(self, m: int, part: torch.Tensor) -> None:
+        """Worker m adopts a lost worker's samples (after the message it is computing)."""
+        self.actors[m].adopt.remote(part.numpy())
+
     def settle(self, refs: list, timeout: float | None = None) -> None:
         """Fetch (and drop) the results of abandoned refs: a failed one never fetched makes Ray
         print an "Unhandled error" with its traceback when it is freed, for a fault already handled."""
@@ -375,10 +381,14 @@ class Driver(Recovery):
                 write_trace(self.rt.record_trace, self.trace)
             except OSError as e:
                 self.note(f"the trace could not be written to {self.rt.record_trace} ({e.strerror})")
+        self.training.note(workers_lost=self.lost, updates_lost=self.updates_lost, transport=self.transport())
+
+    def transport(self) -> dict:
+        """summary.json's ``transport``: a push's round trip (the driver's call to the shards), the bytes
+        of weights a message moves, the pulls that went with a push."""
         s = sorted(self.push_s)
-        transport = {"push_ms_median": round(1000 * s[len(s) // 2], 4) if s else None,
-                     "push_ms_p90": round(1000 * s[int(0.9 * len(s))], 4) if s else None,
-                     "weight_bytes_per_message": 2 * 4 * int(self.server.w.numel()),
-                     "pulls_with_push": self.pulls_with_push,
-                     "shards": self.K}
-        self.training.note(workers_lost=self.lost, updates_lost=self.updates_lost, transport=transport)
+        return {"push_ms_median": round(1000 * s[len(s) // 2], 4) if s else None,
+                "push_ms_p90": round(1000 * s[int(0.9 * len(s))], 4) if s else None,
+                "weight_bytes_per_message": 2 * 4 * int(self.server.w.numel()),
+                "pulls_with_push": self.pulls_with_push,
+                "shards": self.K}

@@ -75,7 +75,7 @@ class Recovery:
         if survivors and self.factory.partition != "iid":
             for s, part in zip(survivors, self.pools[m].tensor_split(len(survivors))):
                 self.pools[s] = torch.cat([self.pools[s], part])
-                self.actors[s].adopt.remote(part.numpy())
+                self.give_samples(s, part)
             text += f"; its {len(self.pools[m])} samples now go to workers {', '.join(map(str, survivors))}"
             self.pools[m] = self.pools[m][:0]
         self.note(text)
