@@ -224,6 +224,9 @@ def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
     with tempfile.TemporaryDirectory(prefix="stalegrad-grid-") as tmp:
         f = Path(tmp) / "cell.toml"
         for cell in cells:
+            # a new file each time: rewriting one in place makes ext4 flush it at every truncation (2-5 ms a
+            # cell, a minute of a 6800-cell grid's start; issue 33)
+            f.unlink(missing_ok=True)
             f.write_text(cell.toml)
             try:
                 _, cell.params = train_params(f)
