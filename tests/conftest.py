@@ -1,5 +1,10 @@
 import os
 
+# stalegrad before torch, as a user's script imports them: stalegrad sets OpenMP's spin count before torch
+# loads OpenMP, which reads it once. With torch first (as this file did), every parallel region of the tests
+# spun at OpenMP's default: test_vectorised and test_runtime_contract took 310 s at load 5-8, 25 s at load ~4
+# (issue 33).
+import stalegrad  # noqa: F401
 import torch
 
 # Under pytest-xdist every worker process is a full PyTorch; two of them with
