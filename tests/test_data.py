@@ -529,8 +529,35 @@ def test_digits():
     assert not torch.equal(test.y, torch.from_numpy(all_y[-360:]))  # it is shuffled
 
 
-def test_digits_without_sklearn(monkeypatch):
-    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)   # import fails
+def test_digits_are_read_as_scikit_learn_reads_them_without_importing_it(monkeypatch, tmp_path):
+    """Issue 33: the bundled file is read directly (scikit-learn's import cost 1.5 s of every run's start),
+    into the same arrays as sklearn.datasets.load_digits; another layout falls back to that loader."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from stalegrad.data import builtin
+    want = load_digits(return_X_y=True)
+    with monkeypatch.context() as mp:
+        mp.setitem(sys.modules, "sklearn.datasets", None)       # an import of it would fail
+        got = builtin._bundled_digits()
+    assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, want))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: SimpleNamespace(
+        submodule_search_locations=[str(tmp_path)]))            # no digits file where it is looked for
+    got = builtin._bundled_digits()
+    assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("absent", ["sklearn", "sklearn.datasets"])
+def test_digits_without_sklearn(monkeypatch, tmp_path, absent):
+    import importlib.util
+    from types import SimpleNamespace
+    monkeypatch.setitem(sys.modules, absent, None)   # import fails
+    if absent == "sklearn.datasets":    # and the bundled file is not where it is read without the import
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: SimpleNamespace(
+            submodule_search_locations=[str(tmp_path)]))
     expected = "^dataset 'digits' needs scikit-learn: pip install scikit-learn$"
     with pytest.raises(DataError, match=expected):
         data.load_dataset("digits", "train")

@@ -201,11 +201,13 @@ def expand(path, fixed: dict, axes: dict) -> list[Cell]:
     return list(cells.values())
 
 
-def train_params(cell_toml: Path) -> tuple[str, dict]:
-    """(algorithm, params) exactly as ``stalegrad train --config CELL_TOML`` builds them."""
+def train_params(cell_toml: Path, ctx=None) -> tuple[str, dict]:
+    """(algorithm, params) exactly as ``stalegrad train --config CELL_TOML`` builds them. ``ctx``: the
+    context click made of ``train --config CELL_TOML`` for a file at this path before (the same every
+    time: click reads no file; the file is read here), to reuse instead of parsing every option again."""
     from ..cli.options import apply_config_file
     from ..cli.run import train
-    ctx = train.make_context("train", ["--config", str(cell_toml)])
+    ctx = ctx if ctx is not None else train.make_context("train", ["--config", str(cell_toml)])
     params = apply_config_file(ctx, {k: v for k, v in ctx.params.items() if k not in ("out", "resume")})
     params.pop("out", None)
     return params.pop("algo"), params
@@ -214,7 +216,7 @@ def train_params(cell_toml: Path) -> tuple[str, dict]:
 def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
     """Parse, expand and validate a grid file; every mistake is one ``UsageError`` line. ``here=False``
     (a dry run) accepts a CUDA device that this machine lacks (the file is for another machine)."""
-    from ..cli.run import check_options
+    from ..cli.run import check_options, train
     fixed, axes, report = parse(path)
     cells = expand(path, fixed, axes)
     baseline = report.get("baseline")
@@ -222,11 +224,16 @@ def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
         raise UsageError(f"{path}: [report] baseline {baseline!r} is not one of the grid's algorithms "
                          f"({', '.join(dict.fromkeys(c.algo for c in cells))})")
     with tempfile.TemporaryDirectory(prefix="stalegrad-grid-") as tmp:
-        f = Path(tmp) / "cell.toml"
+        f, ctx = Path(tmp) / "cell.toml", None
         for cell in cells:
+            # a new file each time: rewriting one in place makes ext4 flush it at every truncation (2-5 ms a
+            # cell, a minute of a 6800-cell grid's start; issue 33)
+            f.unlink(missing_ok=True)
             f.write_text(cell.toml)
             try:
-                _, cell.params = train_params(f)
+                # click's parse of `train --config F` is the same for every cell (60% of a cell's check)
+                ctx = ctx if ctx is not None else train.make_context("train", ["--config", str(f)])
+                _, cell.params = train_params(f, ctx)
                 gpu = not here and re.fullmatch(r"cuda(:\d+)?", str(cell.params["device"]))
                 check_options(cell.algo, dict(cell.params, device="cpu") if gpu else cell.params)
             except UsageError as e:
