@@ -187,6 +187,10 @@ def claims_table(plan: dict, runs: dict) -> list[str]:
         fails = "; ".join(f"{k} of {n}" for k, n in (r["failed"]["a"], r["failed"]["b"]) if n)
         out.append(f"| {c['id']} | {c['question']} | {c['text']} | **{verdict(r, c, adj)}** | {est} | {p} | "
                    f"{fails or '-'} | {thesis_figure(c, plan) if c['paper'] == 'thesis' else c['paper']} |")
+    if any(r["missing"] for r in results.values()):
+        out += ["", "A claim marked *missing* waits for runs not made yet: the grids run in the plan's order over several "
+                "sessions ([confirm/RUNS.md](confirm/RUNS.md)), and none was left out. Until it has its runs, it enters "
+                "Holm's correction at p = 1, so the other claims' adjusted p can only fall when it arrives."]
     return out
 
 

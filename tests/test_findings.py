@@ -119,6 +119,8 @@ def test_estimates_p_values_holm_and_verdicts_match_hand_computation(root):
     # 3 * p1 = 0.111 > 0.05: not rejected; the interval holds 0 -> inconclusive
     assert r1[3] == "**inconclusive**"
     assert row(page, "X3")[3] == "**missing: 1 of 6 runs**"
+    assert "A claim marked *missing* waits for runs not made yet" in page   # said once, under the table
+    assert page.count("enters Holm's correction at p = 1") == 1
 
 
 def test_a_failed_run_enters_at_chance_and_is_counted(root):
