@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:        # run from a checkout, without installing
     sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import stalegrad as sg  # noqa: E402  before torch: its OMP_WAIT_POLICY default must reach libgomp
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -311,6 +312,34 @@ class PeakRSS:
     @property
     def growth_mb(self) -> float:
         return (self.peak - self.base) / 2**20
+
+
+# ---- Ray's transport ------------------------------------------------------------------------------------
+
+def echo_actors(ray, numel: int = 50_826):
+    """Two zero-CPU actors that time Ray's transport alone: ``Echo.ping(x)`` returns ``x`` and ``Echo.make()``
+    a ``numel`` float32 array (a digits-mlp message by default); ``Caller.calls(other, arg, n)`` returns the
+    median ms of ``n`` calls of ``other.ping(arg)`` from inside an actor (what a worker's push costs at least)."""
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def make(self):
+            return np.zeros(numel, np.float32)
+
+        def ping(self, x=None):
+            return x
+
+    @ray.remote(num_cpus=0)
+    class Caller:
+        def calls(self, other, arg, n):
+            times = []
+            for _ in range(n):
+                t = time.perf_counter()
+                ray.get(other.ping.remote(arg))
+                times.append(time.perf_counter() - t)
+            return 1000 * statistics.median(times)
+
+    return Echo.remote(), Caller.remote()
 
 
 # ---- the options of run_all's sections -------------------------------------------------------------

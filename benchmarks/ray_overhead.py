@@ -42,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import echo_actors  # noqa: E402  (first: it imports stalegrad before torch)
 import stalegrad as sg  # noqa: E402
 from stalegrad.runtimes.ray import LOCAL_SYSTEM_CONFIG, RayRuntime  # noqa: E402
 from stalegrad.runtimes.ray.driver import Driver  # noqa: E402
@@ -229,22 +230,7 @@ def round_trips(ray, numel: int, repeats: int) -> dict:
     """Median ms of a bare round trip: driver -> actor, actor -> actor, actor -> actor with ``numel``
     float32 as argument and as result."""
 
-    @ray.remote(num_cpus=0)
-    class Echo:
-        def ping(self, x=None):
-            return x
-
-    @ray.remote(num_cpus=0)
-    class Caller:
-        def calls(self, other, arg, n):
-            times = []
-            for _ in range(n):
-                t = time.perf_counter()
-                ray.get(other.ping.remote(arg))
-                times.append(time.perf_counter() - t)
-            return 1000 * statistics.median(times)
-
-    echo, caller = Echo.remote(), Caller.remote()
+    echo, caller = echo_actors(ray, numel)
     ray.get([echo.ping.remote(), caller.calls.remote(echo, 0, 3)])
     times = []
     for _ in range(repeats):

@@ -29,35 +29,22 @@ from pathlib import Path
 
 RAY = str(Path(sys.executable).with_name("ray"))
 CHILD = r"""
-import json, statistics, sys, time
+import json, sys
 import numpy as np, ray
 ray.init(address=sys.argv[1], log_to_driver=False, include_dashboard=False, configure_logging=False)
 
-@ray.remote(num_cpus=0)
-class Echo:
-    def make(self):
-        return np.zeros(50_826, np.float32)
-    def ping(self, x=None):
-        return x
+sys.path.insert(0, sys.argv[2])
+from common import echo_actors   # the benchmarks' folder: the same actors as ray_overhead.py's
 
-@ray.remote(num_cpus=0)
-class Caller:
-    def calls(self, other, n):
-        arg, times = np.zeros(50_826, np.float32), []
-        for _ in range(n):
-            t = time.perf_counter()
-            ray.get(other.ping.remote(arg))
-            times.append(time.perf_counter() - t)
-        return 1000 * statistics.median(times)
-
-echo, caller = Echo.remote(), Caller.remote()
+echo, caller = echo_actors(ray)
+message = np.zeros(50_826, np.float32)
 held = ray.get([echo.make.remote() for _ in range(5)])
 from ray._private.internal_api import memory_summary
 line = next(l for l in memory_summary(address=sys.argv[1], stats_only=True).splitlines() if "Plasma memory usage" in l)
 objects = int(line.split(",")[1].split()[0])
-ray.get(caller.calls.remote(echo, 5))
+ray.get(caller.calls.remote(echo, message, 5))
 print("RESULT " + json.dumps({"plasma_objects_for_5_messages": objects, "plasma_line": line.strip(),
-                              "actor_to_actor_with_message_ms": ray.get(caller.calls.remote(echo, 300))}), flush=True)
+                              "actor_to_actor_with_message_ms": ray.get(caller.calls.remote(echo, message, 300))}), flush=True)
 """
 
 
@@ -88,7 +75,7 @@ def one_head(config: dict | None) -> dict:
                 raise RuntimeError(log.read_text()[-2000:])
             time.sleep(0.2)
         ip = log.read_text().split("Local node IP: ")[1].split()[0]
-        child = subprocess.run([sys.executable, "-c", CHILD, f"{ip}:{port}"], env=env, capture_output=True,
+        child = subprocess.run([sys.executable, "-c", CHILD, f"{ip}:{port}", str(Path(__file__).parent)], env=env, capture_output=True,
                                text=True, timeout=300)
         lines = [ln for ln in child.stdout.splitlines() if ln.startswith("RESULT ")]
         if not lines:
