@@ -177,11 +177,14 @@ def interval_text(iv: dict, scale: float = 100.0, fmt: str = "+.2f") -> str:
 def claims_table(plan: dict, runs: dict) -> list[str]:
     results = {c["id"]: evaluate(c, plan, runs) for c in plan["claim"]}
     adjusted = holm({k: r["p"] for k, r in results.items()}, plan["rules"]["alpha"])
-    out = ["| id | question | claim | verdict | estimate, points [95% interval] | p (Holm-adjusted) | failed runs (a; b) "
+    out = ["| id | question | claim | verdict | estimate, points (a probe claim: its unit) [95% interval] | p (Holm-adjusted) | failed runs (a; b) "
            "| the paper's figure |", "|---|---|---|---|---|---|---|---|"]
     for c in plan["claim"]:
         r, adj = results[c["id"]], adjusted[c["id"]]
-        scale, fmt = (1.0, ".3f") if c.get("kind", "").startswith("probe_share") else (100.0, "+.2f")
+        # a probe claim is in its own unit (a share, a cosine), not in accuracy points
+        kind = c.get("kind", "")
+        scale, fmt = (1.0, ".3f") if kind == "probe_share" else (1.0, "+.3f") if kind.startswith("probe") \
+            else (100.0, "+.2f")
         est = "n/a" if r["missing"] else interval_text(r["interval"], scale, fmt)
         p = "n/a" if r["missing"] else f"{r['p']:.3g} ({adj['p_adjusted']:.3g})"
         fails = "; ".join(f"{k} of {n}" for k, n in (r["failed"]["a"], r["failed"]["b"]) if n)

@@ -184,3 +184,31 @@ def test_spearman_ranks_ties_by_their_mean_and_matches_the_textbook_formula():
     x, y = [0.1, 0.5, 0.2, 0.9, 1.5], [10.0, 30.0, 40.0, 50.0, 60.0]
     assert findings.spearman(x, y) == pytest.approx(1 - 6 * 2 / (5 * 24))
     assert findings.spearman(x, [-v for v in y]) == pytest.approx(-(1 - 6 * 2 / (5 * 24)))
+
+
+def test_a_probe_mean_claim_is_shown_in_its_own_unit_not_in_points(root):
+    """AG7's kind: the per-run mean cosine of side a minus side b, shown as a cosine (0.220), not x 100."""
+    plan = CLAIMS_HEAD.replace("{claims}", """
+[[claim]]
+id = "P2"
+question = "Q"
+text = "a's mean cosine above b's"
+kind = "probe_mean"
+seeds = "three"
+a = { grid = "p", algo = "x" }
+b = { grid = "p", algo = "y" }
+field = "c"
+cells = [{}]
+direction = 1
+failed = 0.0
+paper = "-"
+""")
+    (root / "experiments/confirm/claims.toml").write_text(plan)
+    for seed, (ca, cb) in {1: (0.30, 0.10), 2: (0.32, 0.10), 3: (0.34, 0.10)}.items():
+        for algo, c in (("x", ca), ("y", cb)):
+            write_run(root, "p", algo, seed, 0.9)
+            (root / f"docs/results/confirm/runs/p/{algo}-s{seed}/probes.jsonl").write_text(
+                "".join(json.dumps({"c": v}) + "\n" for v in (c - 0.05, c + 0.05)))
+    r = row(findings.render(root), "P2")
+    half = 4.302653 * 0.02 / 3 ** 0.5   # differences 0.20, 0.22, 0.24: mean 0.22, sd 0.02, t(2) 97.5%
+    assert r[4] == f"+0.220 [{0.22 - half:+.3f}, {0.22 + half:+.3f}] (3 seeds)"
