@@ -202,7 +202,7 @@ def thesis_cells(plan: dict, runs: dict, grid: str) -> tuple[list[str], dict]:
     out = ["| n | λ | AGN thesis | AGN ours | AEASGD thesis | AEASGD ours | AGN − AEASGD thesis | AGN − AEASGD ours |",
            "|---|---|---|---|---|---|---|---|"]
     seeds = plan["seeds"].get("agn", [])
-    ours, theirs, complete = {}, {}, True
+    ours, theirs, complete = {}, {}, bool(seeds)   # no seed list: nothing is complete
     for n, lam, t_agn, t_ae in plan["thesis"]["cells"]:
         cell = {"workers": n, "window": lam}
         acc = {a: {s: find(runs, {"grid": grid, "algo": a}, cell, s) for s in seeds} for a in ("agn", "aeasgd")}
@@ -236,6 +236,24 @@ def ranks(values: list[float]) -> list[float]:
 def spearman(x: list[float], y: list[float]) -> float:
     """Spearman's ρ: Pearson's r of the ranks (statistics.correlation's method="ranked" needs Python 3.12)."""
     return statistics.correlation(ranks(x), ranks(y))
+
+
+def headline(plan: dict, runs: dict, claim_id: str = "AG2") -> list[str]:
+    """The headline cell with the thesis's own model: each side's level beside the thesis's table at its cell."""
+    claim = next((c for c in plan["claim"] if c["id"] == claim_id), None)
+    if claim is None:
+        return []
+    seeds = plan["seeds"][claim["seeds"]]
+    found = {side: [r for s in seeds if (r := find(runs, claim[side], {}, s))] for side in ("a", "b")}
+    if any(len(rs) < len(seeds) for rs in found.values()):
+        return [f"The headline cell's levels ({claim_id}) wait for its runs.", ""]
+    where = found["a"][0]["settings"]
+    thesis = {(n, lam): (agn, ae) for n, lam, agn, ae in plan["thesis"]["cells"]}[(where["workers"], where["window"])]
+    mean = {side: 100 * statistics.fmean(accuracy(r, plan["rules"]) for r in rs) for side, rs in found.items()}
+    return [f"The headline cell with the thesis's own model ({claim_id}: {where['model']}, n = {where['workers']}, "
+            f"λ = {where['window']}), mean over the {len(seeds)} seeds: {claim['a']['algo'].upper()} "
+            f"{mean['a']:.2f} (thesis {thesis[0]:.2f}), {claim['b']['algo'].upper()} {mean['b']:.2f} "
+            f"(thesis {thesis[1]:.2f}).", ""]
 
 
 def agreement(cells: dict) -> list[str]:
@@ -354,7 +372,7 @@ def render(root: Path) -> str:
         "## AGN against AEASGD, cell by cell, beside the thesis", "",
         "The thesis's layout (`--partition replicate:11`), the small mlp, 40 epochs, mean over the seeds; the "
         "thesis's figures are its validation accuracy (the MNIST test set), one run each.", "",
-        *cells, "", *agreement(agree), "",
+        *cells, "", *agreement(agree), "", *headline(plan, runs),
         "## Descriptive rows", "", *describe(plan, extra, runs), "", *closure(plan, extra, runs), "",
         "## What the selection seeds chose", "",
         "Selected per algorithm and cell on the mean final validation accuracy of seeds 0, 8, 9 (`stalegrad grid`'s "

@@ -212,3 +212,27 @@ paper = "-"
     r = row(findings.render(root), "P2")
     half = 4.302653 * 0.02 / 3 ** 0.5   # differences 0.20, 0.22, 0.24: mean 0.22, sd 0.02, t(2) 97.5%
     assert r[4] == f"+0.220 [{0.22 - half:+.3f}, {0.22 + half:+.3f}] (3 seeds)"
+
+
+def test_the_headline_cells_levels_stand_beside_the_thesis_table_at_its_cell(root):
+    plan = CLAIMS_HEAD.replace("{claims}", """
+[[claim]]
+id = "AG2"
+question = "Q"
+text = "agn ahead of aeasgd"
+seeds = "three"
+a = { grid = "h", algo = "agn" }
+b = { grid = "h", algo = "aeasgd" }
+cells = [{}]
+direction = 1
+paper = "-"
+""").replace("cells = []", "cells = [[4, 2, 98.00, 97.00], [4, 3, 1.0, 1.0]]")
+    (root / "experiments/confirm/claims.toml").write_text(plan)
+    assert "The headline cell's levels (AG2) wait for its runs." in findings.render(root)
+    for seed, (a, b) in {1: (0.981, 0.971), 2: (0.983, 0.973), 3: (0.985, 0.975)}.items():
+        for algo, acc in (("agn", a), ("aeasgd", b)):
+            write_run(root, "h", algo, seed, acc)
+            config = root / f"docs/results/confirm/runs/h/{algo}-s{seed}/config.json"
+            config.write_text(json.dumps({**json.loads(config.read_text()), "window": 2, "model": "m"}))
+    assert ("The headline cell with the thesis's own model (AG2: m, n = 4, λ = 2), mean over the 3 seeds: "
+            "AGN 98.30 (thesis 98.00), AEASGD 97.30 (thesis 97.00).") in findings.render(root)
