@@ -186,23 +186,17 @@ def test_spearman_ranks_ties_by_their_mean_and_matches_the_textbook_formula():
     assert findings.spearman(x, [-v for v in y]) == pytest.approx(-(1 - 6 * 2 / (5 * 24)))
 
 
+def paired_claim(cid: str, grid: str, a: str, b: str, **extra) -> str:
+    """One claim of side a against side b in one grid, over the seeds "three", with ``extra`` keys (kind, field...)."""
+    keys = {"id": cid, "question": "Q", "text": f"{a} ahead of {b}", "seeds": "three", **extra}
+    return ("\n[[claim]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
+            + f'a = {{ grid = "{grid}", algo = "{a}" }}\nb = {{ grid = "{grid}", algo = "{b}" }}\n'
+            + 'cells = [{}]\ndirection = 1\npaper = "-"\n')
+
+
 def test_a_probe_mean_claim_is_shown_in_its_own_unit_not_in_points(root):
     """AG7's kind: the per-run mean cosine of side a minus side b, shown as a cosine (0.220), not x 100."""
-    plan = CLAIMS_HEAD.replace("{claims}", """
-[[claim]]
-id = "P2"
-question = "Q"
-text = "a's mean cosine above b's"
-kind = "probe_mean"
-seeds = "three"
-a = { grid = "p", algo = "x" }
-b = { grid = "p", algo = "y" }
-field = "c"
-cells = [{}]
-direction = 1
-failed = 0.0
-paper = "-"
-""")
+    plan = CLAIMS_HEAD.replace("{claims}", paired_claim("P2", "p", "x", "y", kind="probe_mean", field="c", failed=0.0))
     (root / "experiments/confirm/claims.toml").write_text(plan)
     for seed, (ca, cb) in {1: (0.30, 0.10), 2: (0.32, 0.10), 3: (0.34, 0.10)}.items():
         for algo, c in (("x", ca), ("y", cb)):
@@ -215,18 +209,8 @@ paper = "-"
 
 
 def test_the_headline_cells_levels_stand_beside_the_thesis_table_at_its_cell(root):
-    plan = CLAIMS_HEAD.replace("{claims}", """
-[[claim]]
-id = "AG2"
-question = "Q"
-text = "agn ahead of aeasgd"
-seeds = "three"
-a = { grid = "h", algo = "agn" }
-b = { grid = "h", algo = "aeasgd" }
-cells = [{}]
-direction = 1
-paper = "-"
-""").replace("cells = []", "cells = [[4, 2, 98.00, 97.00], [4, 3, 1.0, 1.0]]")
+    plan = CLAIMS_HEAD.replace("{claims}", paired_claim("AG2", "h", "agn", "aeasgd")).replace(
+        "cells = []", "cells = [[4, 2, 98.00, 97.00]]")
     (root / "experiments/confirm/claims.toml").write_text(plan)
     assert "The headline cell's levels (AG2) wait for its runs." in findings.render(root)
     for seed, (a, b) in {1: (0.981, 0.971), 2: (0.983, 0.973), 3: (0.985, 0.975)}.items():
