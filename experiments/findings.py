@@ -220,17 +220,10 @@ def thesis_cells(plan: dict, runs: dict, grid: str) -> tuple[list[str], dict]:
 
 def ranks(values: list[float]) -> list[float]:
     """Ranks from 1, ties sharing their mean rank (what Spearman's ρ correlates)."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in order[i:j + 1]:
-            out[k] = (i + j) / 2 + 1
-        i = j + 1
-    return out
+    places: dict[float, list[int]] = {}
+    for place, v in enumerate(sorted(values), start=1):
+        places.setdefault(v, []).append(place)
+    return [statistics.fmean(places[v]) for v in values]
 
 
 def spearman(x: list[float], y: list[float]) -> float:

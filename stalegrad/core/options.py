@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..algorithms import Algorithm
 from ..errors import ConfigError
 
+MAX_SEED = 2**32 - 1   # the mini-batch streams derive per-worker seeds from it in 64 bits
 ON_NONFINITE = ("skip", "stop")   # what a push does with a non-finite message or delta: count and drop it, or stop
 PARTITIONS = ("shard", "iid", "replicate:K")   # as the help lists them; parse_partition reads a value
 MAX_COPIES = 128   # replicate:K holds K x N sample indices; dist-keras' largest MNIST file had 101 copies

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 from ..algorithms import Algorithm, make_algorithm
 from ..errors import ConfigError, check_finite_positive
-from ..core.options import MAX_COPIES, ON_NONFINITE, PARTITIONS, parse_partition, probe_kind
+from ..core.options import MAX_COPIES, MAX_SEED, ON_NONFINITE, PARTITIONS, parse_partition, probe_kind
 from ..models.init import INITS
 
 __all__ = ["RunConfig", "ON_NONFINITE", "PARTITIONS", "MAX_COPIES", "parse_partition", "probe_kind"]  # the last five: core's, re-exported
 
-MAX_SEED = 2**32 - 1   # the mini-batch streams derive per-worker seeds from it in 64 bits
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from ..core.options import MAX_SEED
 from ..errors import UsageError
 
 
@@ -178,7 +179,6 @@ def edge_text(edge: dict) -> str:
 
 
 MAX_SEEDS = 10_000   # a list of seeds is one run per seed and setting: more than this is no protocol, but a typo
-MAX_SEED = 2**32 - 1   # the largest seed a run takes (run.config.MAX_SEED)
 
 
 def seed_list(name: str, text: str | None) -> list[int] | None:
