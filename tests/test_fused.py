@@ -402,6 +402,57 @@ def test_choosing_the_kernels(monkeypatch):
     assert ParameterServer(make_algorithm("asgd"), torch.zeros(3, dtype=torch.float64), 1).kernels == "torch"
 
 
+LAZY = r"""
+import json, sys, torch
+import stalegrad as sg
+from stalegrad.algorithms import fused, make_algorithm
+from stalegrad.core.server import ParameterServer
+out = {}
+for name, params in (("agn", {"window": 2}), ("asgd", {}), ("dcasgd-c", {"momentum": 0.9})):
+    s = ParameterServer(make_algorithm(name, **params), torch.zeros(1000), 2)
+    s.pull(0)
+    s.push(0, torch.full((1000,), 0.5), 0.1)
+    out[name] = {"numba": "numba" in sys.modules, "warmed": sorted(fused._warmed), "info": s.kernels_info(),
+                 "w0": s.w[0].item()}
+print(json.dumps(out))
+"""
+
+
+def test_numba_is_loaded_only_for_a_rule_that_has_a_kernel(monkeypatch):
+    """agn and asgd (no fused kernel) never import numba: 1.3 s of every run's start (issue 33); their
+    checks use torch's aminmax. The first rule with a kernel loads numba and its own pair only."""
+    import json
+    import subprocess
+    import sys
+    monkeypatch.delenv("STALEGRAD_KERNELS", raising=False)
+    proc = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, check=True)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in ("agn", "asgd"):
+        assert out[name]["numba"] is False and out[name]["warmed"] == []
+        assert out[name]["info"] == {"server_kernels": "numba", "server_kernels_load_s": 0.0}
+    assert out["dcasgd-c"]["numba"] is True and out["dcasgd-c"]["warmed"] == ["dcasgd_c"]
+    assert out["dcasgd-c"]["info"]["server_kernels_load_s"] > 0
+    assert out["agn"]["w0"] == 0.5 and out["asgd"]["w0"] == pytest.approx(-0.05)   # the pushes were applied
+
+
+def test_a_numba_that_does_not_import_fails_in_one_line_before_any_update(monkeypatch):
+    monkeypatch.setattr(fused, "_kernels", None)
+    monkeypatch.setattr(fused, "_warmed", {})
+    monkeypatch.setattr(fused, "_unavailable", "numba is not installed (broken)")
+    s = ParameterServer(make_algorithm("dcasgd-c", momentum=0.9), torch.zeros(4), 1, kernels="auto")
+    assert s.kernels == "torch"   # known unavailable: the torch operators
+    monkeypatch.setattr(fused, "_unavailable", None)
+    monkeypatch.setattr(fused, "_installed", lambda: True)
+    s = ParameterServer(make_algorithm("dcasgd-c", momentum=0.9), torch.zeros(4), 1)
+    assert s.kernels == "numba"
+    monkeypatch.setattr(fused, "_load", lambda: None)
+    monkeypatch.setattr(fused, "_unavailable", "numba is not installed (broken)")
+    s.pull(0)
+    with pytest.raises(sg.errors.RunError, match="fused kernels cannot be loaded: .*STALEGRAD_KERNELS=torch"):
+        s.push(0, torch.ones(4), 0.1)
+    assert s.w.tolist() == [0.0] * 4 and s.version == 0
+
+
 def run(algo, kernels, monkeypatch, **params):
     monkeypatch.setenv("STALEGRAD_KERNELS", kernels)
     return sg.train("logreg", TRAIN, TEST, make_algorithm(algo, **params), 4, Simulator(delay="gamma:2"),

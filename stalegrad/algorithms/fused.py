@@ -24,12 +24,14 @@ or with ``STALEGRAD_KERNELS=torch``, the server runs the rules' torch operators.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import threading
 import time
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunError
 
 # s*t must stay below this in magnitude to round to a finite float32 (as server._F32_OVERFLOW)
 F32_OVERFLOW = (2 - 2 ** -24) * 2.0 ** 127
@@ -41,25 +43,45 @@ KERNEL_SETTINGS = ("auto", "numba", "torch")
 # where the memory bandwidth of more cores pays for that risk.
 PARALLEL_ABOVE = 1 << 22
 
-_kernels = None          # the compiled kernels (a dict), once loaded
+_kernels = None          # the kernels module, once imported (its pairs are warmed one by one: ``_pair``)
+_warmed: dict = {}       # name -> (serial, parallel), compiled or read from numba's cache
+_warm_lock = threading.Lock()
 _unavailable = None      # why they cannot be loaded, once known
-load_seconds = None      # what loading took: compiling, or reading numba's cache
+load_seconds = None      # what loading took so far: the import, then compiling or reading numba's cache
 
 
 def choose(device_type: str, dtype_ok: bool, setting: str | None = None) -> str:
     """The kernels a server on this device uses: "numba" or "torch". ``setting`` (default:
-    the STALEGRAD_KERNELS environment variable, else "auto") may ask for either."""
+    the STALEGRAD_KERNELS environment variable, else "auto") may ask for either.
+
+    With "auto", numba is imported (0.5 s) and each kernel compiled or read from its cache (the
+    first 0.8 s, then tens of ms) only when a rule first needs one (``_pair``): a run whose rule has
+    no fused kernel (asgd, agn, dynsgd) never pays it, and its checks use torch's ``aminmax``."""
     setting = (setting or os.environ.get("STALEGRAD_KERNELS") or "auto").strip().lower()
     if setting not in KERNEL_SETTINGS:
         raise ConfigError("STALEGRAD_KERNELS", f"must be one of {', '.join(KERNEL_SETTINGS)}, got {setting!r}")
     if setting == "torch":
         return "torch"
-    usable = device_type == "cpu" and dtype_ok and _load() is not None
-    if setting == "numba" and not usable:
-        why = _unavailable or "they run on float32 CPU tensors only"
-        raise ConfigError("STALEGRAD_KERNELS", f"is numba, which cannot be used here: {why}; "
-                                               "unset it to fall back to torch operators")
-    return "numba" if usable else "torch"
+    placed = device_type == "cpu" and dtype_ok
+    if setting == "numba":   # asked for by name: loaded now, so that a broken install fails before the run
+        if not (placed and _load() is not None):
+            why = _unavailable or "they run on float32 CPU tensors only"
+            raise ConfigError("STALEGRAD_KERNELS", f"is numba, which cannot be used here: {why}; "
+                                                   "unset it to fall back to torch operators")
+        return "numba"
+    return "numba" if placed and _installed() else "torch"
+
+
+def _installed() -> bool:
+    if _kernels is not None or _unavailable is not None:
+        return _kernels is not None
+    return importlib.util.find_spec("numba") is not None
+
+
+def in_use() -> bool:
+    """Whether a kernel has been loaded in this process (a rule needed one): the servers' checks then use
+    numba's ``max_abs`` too (cheaper than ``aminmax`` on vectors in cache), and none pays a start for it."""
+    return bool(_warmed)
 
 
 def describe() -> dict:
@@ -82,9 +104,26 @@ def _load():
         _unavailable = f"numba is not installed ({e}); pip install 'numba>=0.59'"
         return None
     _prefer_workqueue()
-    _kernels = _numba_kernels.warm()
+    _kernels = _numba_kernels
     load_seconds = time.perf_counter() - start
     return _kernels
+
+
+def _pair(name: str) -> tuple:
+    """The (serial, parallel) kernels ``name``, warmed on first use (``_numba_kernels.warm``)."""
+    global load_seconds
+    pair = _warmed.get(name)
+    if pair is None:
+        with _warm_lock:   # (the local runtime's server thread and an evaluation thread may both ask)
+            pair = _warmed.get(name)
+            if pair is None:
+                if _load() is None:   # numba was found but does not import: nothing was applied yet
+                    raise RunError(f"the fused kernels cannot be loaded: {_unavailable}; set "
+                                   "STALEGRAD_KERNELS=torch to run with torch operators")
+                start = time.perf_counter()
+                pair = _warmed[name] = _kernels.warm(name)
+                load_seconds += time.perf_counter() - start
+    return pair
 
 
 def _prefer_workqueue() -> None:
@@ -117,10 +156,10 @@ def _kernel(name: str, n: int):
     import torch
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     if threads == 1 or n < PARALLEL_ABOVE:
-        return _load()[name][0]
+        return _pair(name)[0]
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
-    return _load()[name][1]
+    return _pair(name)[1]
 
 
 @functools.lru_cache(maxsize=256)

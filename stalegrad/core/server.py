@@ -204,8 +204,8 @@ class ParameterServer:
         """Which path applies the updates, for summary.json: the kernels, and with numba
         the seconds their loading took in this process (compiling, or reading numba's cache)."""
         info = {"server_kernels": self.kernels}
-        if self.kernels == "numba":
-            info["server_kernels_load_s"] = round(fused.load_seconds, 3)
+        if self.kernels == "numba":   # (0 when the rule needed no kernel: numba was never loaded)
+            info["server_kernels_load_s"] = round(fused.load_seconds or 0.0, 3)
         return info
 
     @property
@@ -317,8 +317,9 @@ class ParameterServer:
 
     def _extremes(self, t: Tensor) -> tuple[float, float]:
         """(min, max) of t, or (-max|t|, max|t|), which the checks use alike; NaN propagates."""
-        if self.kernels == "numba" and t.dtype == torch.float32 and t.dim() == 1 and t.is_contiguous():
-            top = fused.max_abs(t)   # one integer pass, cheaper than aminmax in cache
+        if (self.kernels == "numba" and t.dtype == torch.float32 and t.dim() == 1 and t.is_contiguous()
+                and fused.in_use()):
+            top = fused.max_abs(t)   # one integer pass, cheaper than aminmax in cache, once numba is loaded
             return -top, top
         # min and max propagate NaN and Inf, and one fused pass over t is ~10x
         # cheaper than materialising isfinite(t).
