@@ -5,6 +5,7 @@ script that builds its data with torch would). Each arm runs in a fresh process,
 the arms alternate over the rounds.
 
     .venv/bin/python benchmarks/sim_vs_plain.py [--threads 2] [--rounds 2] [--epochs 1.0] [--quick]
+    .venv/bin/python benchmarks/sim_vs_plain.py --table benchmarks/results/sim_vs_plain.json   # reprint a result
 
 Prints a table (median wall seconds, samples/s, simulator ÷ plain, with and without the simulator's test-set
 evaluations, which the plain loop does not make, the threads each run used, weights_sha256)
@@ -89,13 +90,46 @@ def arm(order: str, kind: str, epochs: float, threads: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def report(runs: dict, threads: int) -> None:
+    """The table: medians over the rounds, and each round's own ratio to the plain arm of the same round (the
+    machine's speed may drift between rounds; within a round the arms ran within a minute of each other)."""
+    plain_runs = runs[("stalegrad", "plain")]
+    plain = median([r["samples"] / r["wall_s"] for r in plain_runs])
+    rows = []
+    for (order, kind), rs in runs.items():
+        rate = median([r["samples"] / r["wall_s"] for r in rs])
+        timed = all("eval_s" in r for r in rs) or kind == "plain"   # (results before eval_s was measured: "-")
+        bare = median([r["samples"] / (r["wall_s"] - r.get("eval_s", 0.0)) for r in rs])
+        per_round = [(r["samples"] / r["wall_s"]) / (p["samples"] / p["wall_s"]) for r, p in zip(rs, plain_runs)]
+        rows.append([kind, f"{order} first", ", ".join(f"{r['wall_s']:.1f}" for r in rs), f"{rate:,.0f}",
+                     f"{rate / plain:.2f}", ", ".join(f"{q:.2f}" for q in per_round),
+                     f"{median([r.get('eval_s', 0.0) for r in rs]):.1f}" if timed else "-",
+                     f"{bare / plain:.2f}" if timed else "-",
+                     rs[-1]["threads_used"] if kind == "sim" else threads,
+                     rs[-1]["sha"] or "-", "yes" if any(r["warned"] for r in rs) else "no"])
+    print(table(["arm", "import order", "wall s, by round", "samples/s (median)", "÷ plain (medians)",
+                 "÷ plain, by round", "of which evaluations s", "÷ plain, evaluations left out", "threads used",
+                 "weights_sha256", "warned"], rows))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of every arm [2]")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the three arms, alternated [2]")
     ap.add_argument("--epochs", type=float, default=1.0, help="epochs of Fashion-MNIST per arm [1.0]")
     ap.add_argument("--quick", action="store_true", help="0.05 epoch, one round: checks the script, measures nothing")
+    ap.add_argument("--table", metavar="JSON", help="print the table of a result file this script wrote; run nothing")
     args = ap.parse_args(argv)
+    if args.table:
+        try:
+            saved = json.loads(Path(args.table).read_text())
+            runs = {tuple(reversed(k.removesuffix("-first").split("-", 1))): v for k, v in saved["runs"].items()}
+            report(runs, saved["args"]["threads"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"sim_vs_plain: cannot read {args.table} as this script's result ({type(e).__name__}: {e}); "
+                     "pass a file it wrote, such as benchmarks/results/sim_vs_plain.json")
+        print(f"load average before {saved['load_before']}, after {saved['load_after']} ({args.table})")
+        return 0
     if args.quick:
         args.epochs, args.rounds = 0.05, 1
     before = load()
@@ -104,18 +138,7 @@ def main(argv=None) -> int:
     for _ in range(args.rounds):
         for a in arms:
             runs[a].append(arm(*a, args.epochs, args.threads))
-    plain = median([r["samples"] / r["wall_s"] for r in runs[("stalegrad", "plain")]])
-    rows = []
-    for (order, kind), rs in runs.items():
-        rate = median([r["samples"] / r["wall_s"] for r in rs])
-        bare = median([r["samples"] / (r["wall_s"] - r.get("eval_s", 0.0)) for r in rs])
-        rows.append([kind, f"{order} first", f"{median([r['wall_s'] for r in rs]):.1f}", f"{rate:,.0f}",
-                     f"{rate / plain:.2f}", f"{median([r.get('eval_s', 0.0) for r in rs]):.1f}", f"{bare / plain:.2f}",
-                     rs[-1]["threads_used"] if kind == "sim" else args.threads,
-                     rs[-1]["sha"] or "-", "yes" if any(r["warned"] for r in rs) else "no"])
-    print(table(["arm", "import order", "wall s (median)", "samples/s", "÷ plain", "of which evaluations s",
-                 "÷ plain, evaluations left out", "threads used", "weights_sha256",
-                 "warned"], rows))
+    report(runs, args.threads)
     print(f"load average before {before}, after {load()}; {args.threads} threads asked, {args.epochs} epoch(s), "
           f"{args.rounds} round(s)")
     write_json("sim_vs_plain", {"machine": machine(), "args": vars(args), "load_before": before, "load_after": load(),
