@@ -342,35 +342,26 @@ def max_abs_bits_parallel(bits):
     return top
 
 
-# Each kernel pair with the float32 arguments that compile it (or load it from numba's cache): a vector v, a
-# scalar f and a flag t; in-place arguments get copies, read-only ones v itself.
-def _warm_args(name: str) -> tuple:
-    v = np.ones(8, np.float32)
-    f, t = np.float32(0.5), True
-    c = v.copy
-    return {"sgd": (v, c(), c(), c(), f, f, t, t, f, f),
-            "dcasgd_c": (v, c(), v, c(), c(), f, f, f, t, t, f, f),
-            "dcasgd_a": (v, c(), v, c(), c(), c(), f, f, f, f, f, f, t, t, f, f),
-            "sasgd": (v, c(), c(), c(), f, f, f, t, t, f, f),
-            "gap_aware": (v, c(), v, c(), c(), c(), f, f, f, f, t, f, f, f, f, t, t, f, f),
-            "gap_aware_grad": (v, c(), v, c(), c(), c(), f, f, f, f, f, f, f, f, t, t, f, f),
-            "dana": (v, c(), v, c(), c(), c(), f, t, f, f, t, f, f),
-            "local_sgd": (v, c(), c(), c(), c(), f, t, f, f, t, f, f),
-            "max_abs_bits": (v.view(np.int32),)}[name]
-
-
-KERNELS = {"sgd": (sgd, sgd_parallel), "dcasgd_c": (dcasgd_c, dcasgd_c_parallel),
-           "dcasgd_a": (dcasgd_a, dcasgd_a_parallel), "max_abs_bits": (max_abs_bits, max_abs_bits_parallel),
-           "sasgd": (sasgd, sasgd_parallel), "gap_aware": (gap_aware, gap_aware_parallel),
-           "gap_aware_grad": (gap_aware_grad, gap_aware_grad_parallel),
-           "dana": (dana, dana_parallel), "local_sgd": (local_sgd, local_sgd_parallel)}
+# Every kernel pair, with the kinds of the arguments that compile it (or load it from numba's cache): "a" a
+# float32 vector, "s" a float32 scalar, "b" a flag, "i" an int32 vector (the bits of a float32 one).
+KERNELS = {"sgd": (sgd, sgd_parallel, "aaaassbbss"),
+           "dcasgd_c": (dcasgd_c, dcasgd_c_parallel, "aaaaasssbbss"),
+           "dcasgd_a": (dcasgd_a, dcasgd_a_parallel, "aaaaaassssssbbss"),
+           "sasgd": (sasgd, sasgd_parallel, "aaaasssbbss"),
+           "gap_aware": (gap_aware, gap_aware_parallel, "aaaaaassssbssssbbss"),
+           "gap_aware_grad": (gap_aware_grad, gap_aware_grad_parallel, "aaaaaassssssssbbss"),
+           "dana": (dana, dana_parallel, "aaaaaasbssbss"),
+           "local_sgd": (local_sgd, local_sgd_parallel, "aaaaasbssbss"),
+           "max_abs_bits": (max_abs_bits, max_abs_bits_parallel, "i")}
+_SAMPLE = {"a": lambda: np.ones(8, np.float32), "s": lambda: np.float32(0.5), "b": lambda: True,
+           "i": lambda: np.ones(8, np.int32)}
 
 
 def warm(name: str) -> tuple:
     """Compile (or load from numba's cache) one kernel pair for float32 vectors: (serial, parallel).
     One pair at a time, when a server first needs it: loading all nine from the cache took about 1 s,
-    which a run whose rule needs only the finiteness check (agn, asgd) paid at every start."""
-    pair = KERNELS[name]
-    for k in pair:
-        k(*_warm_args(name))
-    return pair
+    which every run paid at its start, even one whose rule has no fused kernel (agn, asgd)."""
+    serial, parallel, kinds = KERNELS[name]
+    for kernel in (serial, parallel):
+        kernel(*(_SAMPLE[k]() for k in kinds))
+    return serial, parallel

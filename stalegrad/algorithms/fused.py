@@ -47,7 +47,7 @@ _kernels = None          # the kernels module, once imported (its pairs are warm
 _warmed: dict = {}       # name -> (serial, parallel), compiled or read from numba's cache
 _warm_lock = threading.Lock()
 _unavailable = None      # why they cannot be loaded, once known
-load_seconds = None      # what loading took so far: the import, then compiling or reading numba's cache
+load_seconds = 0.0       # what loading took so far: the import, then compiling or reading numba's cache
 
 
 def choose(device_type: str, dtype_ok: bool, setting: str | None = None) -> str:

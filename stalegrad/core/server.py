@@ -205,7 +205,7 @@ class ParameterServer:
         the seconds their loading took in this process (compiling, or reading numba's cache)."""
         info = {"server_kernels": self.kernels}
         if self.kernels == "numba":   # (0 when the rule needed no kernel: numba was never loaded)
-            info["server_kernels_load_s"] = round(fused.load_seconds or 0.0, 3)
+            info["server_kernels_load_s"] = round(fused.load_seconds, 3)
         return info
 
     @property
