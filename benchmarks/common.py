@@ -319,7 +319,8 @@ class PeakRSS:
 def echo_actors(ray, numel: int = 50_826):
     """Two zero-CPU actors that time Ray's transport alone: ``Echo.ping(x)`` returns ``x`` and ``Echo.make()``
     a ``numel`` float32 array (a digits-mlp message by default); ``Caller.calls(other, arg, n)`` returns the
-    median ms of ``n`` calls of ``other.ping(arg)`` from inside an actor (what a worker's push costs at least)."""
+    median ms of ``n`` calls of ``other.ping(arg)`` from inside an actor (what a worker's push costs at least),
+    ``Caller.socket_calls(Echo.listen(), arg, n)`` the same through the direct path's socket."""
 
     @ray.remote(num_cpus=0)
     class Echo:
@@ -329,6 +330,13 @@ def echo_actors(ray, numel: int = 50_826):
         def ping(self, x=None):
             return x
 
+        def listen(self):
+            """The direct path's socket (``channel.py``), answering each call with its argument."""
+            import threading
+            from stalegrad.runtimes.ray.channel import ShardListener
+            self.listener = ShardListener(lambda op, x: x, threading.Lock())
+            return self.listener.channel
+
     @ray.remote(num_cpus=0)
     class Caller:
         def calls(self, other, arg, n):
@@ -337,6 +345,17 @@ def echo_actors(ray, numel: int = 50_826):
                 t = time.perf_counter()
                 ray.get(other.ping.remote(arg))
                 times.append(time.perf_counter() - t)
+            return 1000 * statistics.median(times)
+
+        def socket_calls(self, channel, arg, n):
+            """The same through the socket of ``Echo.listen``."""
+            from stalegrad.runtimes.ray.channel import connect
+            conn, times = connect(channel), []
+            for _ in range(n):
+                t = time.perf_counter()
+                conn.call("ping", arg)
+                times.append(time.perf_counter() - t)
+            conn.close()
             return 1000 * statistics.median(times)
 
     return Echo.remote(), Caller.remote()

@@ -14,12 +14,15 @@ On one local Ray instance (``ray.init(num_cpus=...)``, with the system configura
   with a message-sized array as argument and result (a push that returns the next weights);
 - **the small model**: digits, the mlp, dcasgd-a, M = 4 workers of one thread, batch 128, one shard:
   ``--runtime local`` against ``--runtime ray`` (the direct path: workers push to and pull from the
-  shard) and against Ray's driver path (the driver between every push and pull: the only path before
+  shard, through its socket as on one machine by default, and as Ray calls, ``--no-same-node-socket``,
+  as between machines) and against Ray's driver path (the driver between every push and pull: the only path before
   issue 33, still used with several shards, elastic and synchronous rules), in interleaved rounds;
   per update: ms (wall time / updates in steady state), the overhead (Ray's ms - local's ms, in ms and
   in bare round trips) and the CPU ms of every process of the run (this one and its children);
 - **the large model**: agn-mlp on Fashion-MNIST, AGN with window 10, M = 4, batch 128, local against
-  Ray (direct path).
+  Ray (direct path, through the socket and as Ray calls), in as many interleaved rounds;
+- **the transport alone, by size**: an actor -> actor call carrying 0.2 to 19 MB both ways, as a Ray
+  call and through the direct path's socket.
 
 Throughput is measured in steady state: samples/s between the evaluations at 20% and 80% of the
 budget, from the run's metrics. The goals of issue 33: overhead per update <= 3 bare round trips;
@@ -249,6 +252,22 @@ def round_trips(ray, numel: int, repeats: int) -> dict:
     return out
 
 
+def transport_by_size(ray, sizes: list[int], repeats: int) -> list[dict]:
+    """Median ms of an actor -> actor call carrying ``numel`` float32 both ways, as a Ray call and through
+    the direct path's socket (``channel.py``), for each size: where the socket stops paying."""
+    echo, caller = echo_actors(ray)
+    channel = ray.get(echo.listen.remote())
+    out = []
+    for numel in sizes:
+        x = np.zeros(numel, np.float32)
+        ray.get([caller.calls.remote(echo, x, 3), caller.socket_calls.remote(channel, x, 3)])   # (warm)
+        out.append({"message_bytes": 4 * numel, "ray_call_ms": ray.get(caller.calls.remote(echo, x, repeats)),
+                    "socket_ms": ray.get(caller.socket_calls.remote(channel, x, repeats))})
+    for actor in (echo, caller):
+        ray.kill(actor)
+    return out
+
+
 def ray_session(ray, config: dict) -> None:
     ray.init(address="local", num_cpus=max(M, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
              _system_config=config)
@@ -278,15 +297,22 @@ def main() -> None:
     ray_session(ray, dict(LOCAL_SYSTEM_CONFIG))
     try:
         out["round_trip"] = round_trips(ray, 50_826, 200 if args.quick else 400)
-        small = {"local": [], "ray": [], "ray_driver_path": []}
+        # the digits mlp's message, 1 MiB (channel.SOCKET_MAX_BYTES), 4 MiB, agn-mlp's
+        out["transport_by_size"] = transport_by_size(ray, [50_826, 262_144, 1_048_576, 4_798_010],
+                                                     20 if args.quick else 50)
+        small = {"local": [], "ray": [], "ray_calls": [], "ray_driver_path": []}
         for _ in range(rounds):   # interleaved, so that a change of load hits every runtime alike
             small["local"].append(train("mlp", digits, "dcasgd-a", sg.LocalRuntime(threads_per_worker=1), small_epochs))
             small["ray"].append(train("mlp", digits, "dcasgd-a", RayRuntime(), small_epochs))
+            small["ray_calls"].append(train("mlp", digits, "dcasgd-a", RayRuntime(same_node_socket=False), small_epochs))
             small["ray_driver_path"].append(train("mlp", digits, "dcasgd-a", DriverPath(), small_epochs))
         out["small"] = small
-        agn = sg.make_algorithm("agn", window=10)
-        out["agn_mlp"] = {"local": train("agn-mlp", fashion, agn, sg.LocalRuntime(threads_per_worker=1), agn_epochs),
-                          "ray": train("agn-mlp", fashion, agn, RayRuntime(), agn_epochs)}
+        agn, large = sg.make_algorithm("agn", window=10), {"local": [], "ray": [], "ray_calls": []}
+        for _ in range(rounds):
+            large["local"].append(train("agn-mlp", fashion, agn, sg.LocalRuntime(threads_per_worker=1), agn_epochs))
+            large["ray"].append(train("agn-mlp", fashion, agn, RayRuntime(), agn_epochs))
+            large["ray_calls"].append(train("agn-mlp", fashion, agn, RayRuntime(same_node_socket=False), agn_epochs))
+        out["agn_mlp"] = large
         if args.profile:
             out["profile"] = {}
             for path in ("direct", "driver"):
@@ -327,7 +353,7 @@ def summarise(out: dict) -> None:
     rt = out["round_trip"]["driver_to_actor_ms"]
     small, s = out["small"], {}
     local = med(small["local"], "ms_per_update")
-    for name in ("ray", "ray_driver_path"):
+    for name in ("ray", "ray_calls", "ray_driver_path"):
         ms = med(small[name], "ms_per_update")
         ratios = [lo["ms_per_update"] / r["ms_per_update"]   # per round: the same minute's load
                   for lo, r in zip(small["local"], small[name])]
@@ -335,7 +361,8 @@ def summarise(out: dict) -> None:
                    "overhead_in_round_trips": (ms - local) / rt, "cpu_ms_per_update": med(small[name], "cpu_ms_per_update")}
     s["local"] = {"ms_per_update": local, "cpu_ms_per_update": med(small["local"], "cpu_ms_per_update")}
     agn = out["agn_mlp"]
-    s["agn_mlp_ratio_vs_local"] = agn["ray"]["samples_per_s"] / agn["local"]["samples_per_s"]
+    for name, key in (("ray", "agn_mlp_ratio_vs_local"), ("ray_calls", "agn_mlp_ray_calls_ratio_vs_local")):
+        s[key] = statistics.median(r["samples_per_s"] / lo["samples_per_s"] for lo, r in zip(agn["local"], agn[name]))
     out["summary"] = s
 
 
@@ -345,18 +372,27 @@ def report(out: dict) -> None:
           f"{rt['actor_to_actor_ms']:.3f} ms, actor -> actor with a {rt['message_bytes'] / 1000:.0f} KB message "
           f"both ways {rt['actor_to_actor_with_message_ms']:.3f} ms ({rt['actor_to_actor_with_message_cpu_ms']:.2f} CPU ms, "
           "all processes)")
+    print("\nan actor -> actor call carrying the message both ways, median ms: "
+          + ", ".join(f"{t['message_bytes'] / 1e6:.2f} MB: Ray call {t['ray_call_ms']:.2f}, socket {t['socket_ms']:.2f}"
+                      for t in out.get("transport_by_size", [])))
     print(f"\ndigits mlp dcasgd-a, M = {M}, batch 128, one shard (medians of {len(out['small']['local'])} "
           "interleaved rounds)")
     print("| runtime | ms per update | CPU ms per update | Ray / local | overhead per update | in bare round trips |")
     print("|---|---|---|---|---|---|")
     print(f"| local | {s['local']['ms_per_update']:.2f} | {s['local']['cpu_ms_per_update']:.2f} | | | |")
-    for name, label in (("ray", "ray (direct path)"), ("ray_driver_path", "ray (driver path)")):
+    for name, label in (("ray", "ray (direct path, the shard's socket)"),
+                        ("ray_calls", "ray (direct path, Ray calls: --no-same-node-socket)"),
+                        ("ray_driver_path", "ray (driver path)")):
         r = s[name]
         print(f"| {label} | {r['ms_per_update']:.2f} | {r['cpu_ms_per_update']:.2f} | {r['ratio_vs_local']:.2f} | "
               f"{r['overhead_ms']:.2f} ms | {r['overhead_in_round_trips']:.1f} |")
     agn = out["agn_mlp"]
-    print(f"\nagn-mlp agn window 10, M = {M}: local {agn['local']['samples_per_s']:.0f} samples/s, ray "
-          f"{agn['ray']['samples_per_s']:.0f} samples/s: Ray / local {s['agn_mlp_ratio_vs_local']:.2f}")
+    print(f"\nagn-mlp agn window 10, M = {M} (medians of {len(agn['local'])} interleaved rounds): local "
+          f"{med(agn['local'], 'samples_per_s'):.0f} samples/s, ray {med(agn['ray'], 'samples_per_s'):.0f} samples/s "
+          f"(Ray calls: {med(agn['ray_calls'], 'samples_per_s'):.0f}): Ray / local {s['agn_mlp_ratio_vs_local']:.2f} "
+          f"(Ray calls: {s['agn_mlp_ray_calls_ratio_vs_local']:.2f}; by round "
+          + ", ".join(f"{r['samples_per_s'] / lo['samples_per_s']:.2f}" for lo, r in zip(agn["local"], agn["ray"]))
+          + ")")
     if "small_default_inline" in out:
         runs, rtd = out["small_default_inline"], out["round_trip_default_inline"]
         print(f"\nRay's default inline limit (100 KiB): direct path {med(runs, 'ms_per_update'):.2f} ms per update, "

@@ -180,10 +180,12 @@ class Exposed(RayRuntime):
         return self.driver
 
 
-@pytest.mark.parametrize("shards", [2, 1])   # one shard: the direct path (the workers call the shard)
-def test_a_killed_server_shard_is_restarted_and_restored_from_the_checkpoint(cluster, tmp_path, shards):
+# one shard: the direct path (the workers call the shard), through its socket or as Ray calls
+@pytest.mark.parametrize("shards, socket", [(2, True), (1, True), (1, False)])
+def test_a_killed_server_shard_is_restarted_and_restored_from_the_checkpoint(cluster, tmp_path, shards, socket):
     path = tmp_path / "ck.pt"
-    rt = Exposed(ps_shards=shards, shard_resources=PLACED["shard_resources"])   # both workers fit on the head
+    rt = Exposed(ps_shards=shards, shard_resources=PLACED["shard_resources"],   # both workers fit on the head
+                 same_node_socket=socket)
     seen = {}
 
     def kill_a_shard(record):
@@ -214,6 +216,7 @@ def test_a_killed_server_shard_is_restarted_and_restored_from_the_checkpoint(clu
     else:   # the driver went on with the records it had read with that evaluation's (applied before the kill)
         assert s["updates_lost"] >= seen["kill"] - seen["checkpoint"] > 0
         assert s["transport"]["path"] == "direct"
+        assert (s["transport"]["socket_calls"] > s["updates"]) == socket   # (the socket of the restarted shard too)
     assert f"went back to the checkpoint at update {seen['checkpoint']}" in " ".join(s["notes"])
     assert s["samples"] >= 3 * len(TRAIN.y) and torch.isfinite(res.weights).all()
     last = torch.load(path, weights_only=True)

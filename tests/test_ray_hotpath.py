@@ -7,6 +7,7 @@ stays off the per-update path, and a NaN under ``on_nonfinite="stop"`` stops the
 one-line error, as on the driver's path.
 """
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -121,7 +122,27 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install '
 from stalegrad.runtimes import RayRuntime, Simulator  # noqa: E402
 from stalegrad.runtimes.ray.actors import ShardActor  # noqa: E402
 from stalegrad.runtimes.ray.direct import DirectDriver  # noqa: E402
-from stalegrad.runtimes.ray.driver import Driver  # noqa: E402
+from stalegrad.runtimes.ray.driver import Driver, ShardLost  # noqa: E402
+
+
+def test_a_shard_that_dies_while_every_worker_is_held_for_a_checkpoint_is_restored():
+    # (the loop without Ray: every worker held, the checkpoint's first call finds the shard restarted)
+    calls, training = [], SimpleNamespace(done=False, checkpoint_every=5, checkpoint_due=lambda: True)
+    d = object.__new__(DirectDriver)
+    d.training, d.loops, d.live, d.mode, d.polls, d.M = training, {}, {0, 1}, "hold", 3, 2
+
+    def checkpoint():
+        calls.append("checkpoint")
+        raise ShardLost
+
+    def restore_shards():
+        calls.append("restore")
+        training.done = True
+
+    d.launch, d.checkpoint, d.restore_shards, d.finish = (lambda m: None), checkpoint, restore_shards, \
+        (lambda: calls.append("finish"))
+    d.run()
+    assert calls == ["checkpoint", "restore", "finish"]
 
 
 @pytest.fixture(scope="module")
@@ -183,10 +204,14 @@ def run(runtime, workers=1, **kw):
 def test_one_worker_gives_the_simulators_bits_on_either_path(ray_session, tmp_path):
     kw = dict(checkpoint_every=7)       # held for a checkpoint every 7 updates, with a milestone at epoch 1
     direct = run(RayRuntime(), checkpoint_path=tmp_path / "a.pt", **kw)
+    by_ray_calls = run(RayRuntime(same_node_socket=False), checkpoint_path=tmp_path / "d.pt", **kw)
     driver = run(DriverPath(), checkpoint_path=tmp_path / "b.pt", **kw)
     sim = run(Simulator(delay="round-robin"), checkpoint_path=tmp_path / "c.pt", **kw)
     assert direct.summary["transport"]["path"] == "direct" and "path" not in driver.summary["transport"]
-    for other in (driver, sim):
+    # the worker pushed through the shard's socket (every push, and a pull at each start after a checkpoint)
+    assert direct.summary["transport"]["socket_calls"] > direct.summary["updates"]
+    assert by_ray_calls.summary["transport"]["socket_calls"] == 0
+    for other in (by_ray_calls, driver, sim):
         assert direct.summary["weights_sha256"] == other.summary["weights_sha256"]
         assert direct.update_log() == other.update_log()
         assert [(m["updates"], m["lr"], m["test_acc"]) for m in direct.metrics] == \

@@ -121,6 +121,9 @@ def run_options(f):
                      help="--runtime ray: CPUs each worker actor asks Ray for (and its torch threads)"),
         click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
                      help="--runtime ray: GPUs each worker actor asks Ray for (fractions share a GPU)"),
+        click.option("--same-node-socket/--no-same-node-socket", default=True, show_default=True,
+                     help="--runtime ray, one shard, an asynchronous rule: workers on the shard's machine push and "
+                          "pull through its Unix socket rather than a Ray call (docs/cluster.md, Transport)"),
         click.option("--connect-timeout", type=float, default=None,
                      help="--runtime ray with --address: seconds to join the cluster before giving up  [default: 30]"),
         click.option("--restart-timeout", type=float, default=None,
@@ -337,7 +340,7 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
 SIM_ONLY = (("delay", None), ("step_time", 1.0), ("vectorised", False), ("threads", None))
 LOCAL_ONLY = ("threads_per_worker", "worker_timeout")
 RAY_ONLY = (("address", None), ("ps_shards", 1), ("cpus_per_worker", 1.0), ("gpus_per_worker", 0.0),
-            ("connect_timeout", None), ("restart_timeout", None))
+            ("connect_timeout", None), ("restart_timeout", None), ("same_node_socket", True))
 
 
 WARNED: set[str] = set()   # the deprecation lines printed by this command (main() clears it)
@@ -382,7 +385,8 @@ def build_runtime(p: dict):
         timeouts = {k: p[k] for k in ("connect_timeout", "restart_timeout") if p.get(k) is not None}
         return RayRuntime(address=p.get("address"), ps_shards=p.get("ps_shards", 1),
                           cpus_per_worker=p.get("cpus_per_worker", 1.0), gpus_per_worker=p.get("gpus_per_worker", 0.0),
-                          record_trace=p.get("record_trace"), **timeouts)
+                          record_trace=p.get("record_trace"), same_node_socket=p.get("same_node_socket", True),
+                          **timeouts)
     if p.get("record_trace") is not None:
         raise ConfigError("record_trace", "records a real run: use it with runtime local or ray "
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")

@@ -91,6 +91,7 @@ class RayRuntime:
     connect_timeout: float = CONNECT_TIMEOUT   # seconds to join a cluster (address) before giving up
     worker_resources: dict | None = None   # custom Ray resources each worker actor requests (placement)
     shard_resources: dict | None = None    # custom Ray resources each server shard requests (placement)
+    same_node_socket: bool = True      # direct path: workers on the shard's machine use its socket (channel.py)
 
     def __post_init__(self):
         if not isinstance(self.ps_shards, int) or isinstance(self.ps_shards, bool) or self.ps_shards < 1:
@@ -101,6 +102,8 @@ class RayRuntime:
         check_finite_positive("connect_timeout", self.connect_timeout)
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigError("max_restarts", f"must be a non-negative integer, got {self.max_restarts!r}")
+        if not isinstance(self.same_node_socket, bool):
+            raise ConfigError("same_node_socket", f"must be true or false, got {self.same_node_socket!r}")
         if self.address is not None:
             if not isinstance(self.address, str):
                 raise ConfigError("address", f"must be 'auto' or HOST:PORT, got {self.address!r}")
@@ -178,6 +181,8 @@ class RayRuntime:
         for name in ("worker_resources", "shard_resources"):   # only when given: placement is rarely set
             if getattr(self, name):
                 out[name] = dict(getattr(self, name))
+        if not self.same_node_socket:
+            out["same_node_socket"] = False
         for name, default in (("restart_timeout", RESTART_TIMEOUT), ("connect_timeout", CONNECT_TIMEOUT)):
             if getattr(self, name) != default:   # (likewise: a run's config.json names them only when set)
                 out[name] = float(getattr(self, name))

@@ -8,8 +8,10 @@ pickled torch tensors.
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickle
+import threading
 import time
 import warnings
 
@@ -18,6 +20,7 @@ import torch
 
 from ...core.server import NonFiniteError, ParameterServer
 from ...core.worker import FlatModel
+from .channel import ChannelClosed, RemoteError, ShardListener, available, connect
 from .ledger import FAILED, GO, LOST, STALE, WAIT, Ledger
 
 
@@ -53,6 +56,15 @@ class ShardRestarted(RuntimeError):
     """A call reached a shard that Ray restarted and the driver has not loaded yet."""
 
 
+def _locked(method):
+    """Under the shard's lock: its socket's threads (``channel.py``) call it beside Ray's."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class ShardActor:
     """One contiguous slice of the weights, served by a ``ParameterServer`` (see ``sharding.py``).
 
@@ -69,6 +81,8 @@ class ShardActor:
         self.server = ParameterServer(algorithm, torch.zeros(numel), num_workers, on_nonfinite=on_nonfinite)
         self.loaded = False
         self.ledger = None   # the direct path's (ledger.py), set by ``direct`` after every load
+        self.lock = threading.RLock()
+        self.listener = None  # the direct path's socket for workers on this machine (channel.py)
 
     def ping(self) -> tuple[int, bool]:
         """(process id, whether the shard holds the driver's state)."""
@@ -79,12 +93,15 @@ class ShardActor:
             raise ShardRestarted("this server shard was restarted and holds no state yet")
         return self.server
 
+    @_locked
     def pull(self, worker: int) -> np.ndarray:
         return self._serving().pull(worker).numpy()
 
+    @_locked
     def prepare(self, worker: int, msg: np.ndarray, lr: float, message_finite: bool) -> tuple[bool, bool]:
         return self._serving().prepare(worker, torch.from_numpy(msg), lr, message_finite)
 
+    @_locked
     def commit(self, apply: bool) -> bool:
         return self._serving().commit(apply)
 
@@ -106,44 +123,65 @@ class ShardActor:
         """``commit`` and then ``pull(puller)``, in one call (``num_returns=2``): the same with K shards."""
         return self.commit(apply), self.pull(puller)
 
+    @_locked
     def prepare_removal(self, worker: int, lr: float) -> tuple[bool, bool]:
         return self._serving().prepare_removal(worker, lr)
 
+    @_locked
     def state(self, algorithm_state: bool = True) -> dict:
         return to_numpy(self._serving().state_dict(algorithm_state))
 
+    @_locked
     def load(self, state: dict) -> None:
         self.server.load_state_dict(to_torch(state))
         self.loaded = True
         self.ledger = None   # a worker still pushing to the state before gets STALE until ``direct``
 
     # ---- the direct path (ledger.py): the workers call these themselves --------------------------
-    def direct(self, generation: int, count: int, t0: float, drain: bool) -> None:
+    @_locked
+    def direct(self, generation: int, count: int, t0: float, drain: bool, socket: bool = True):
+        """A new ledger; returns the socket's (address, key) for workers on this machine, or None."""
         self.ledger = Ledger(self._serving(), generation, count, t0, drain)
+        if not (socket and available()):
+            return None
+        if self.listener is None:
+            self.listener = ShardListener(self._socket_call, self.lock)
+        self.listener.served = 0
+        return self.listener.channel
 
+    def _socket_call(self, op: str, *args) -> tuple:
+        return self.push_direct(*args) if op == "push" else self.pull_direct(*args)
+
+    @_locked
     def plan(self, *args, **kwargs) -> None:
         self._serving()
         self.ledger.plan(*args, **kwargs)
 
+    @_locked
     def pull_direct(self, worker: int, generation: int) -> tuple:
         self._serving()
         return self.ledger.pull(worker, generation) if self.ledger is not None else (STALE,)
 
+    @_locked
     def push_direct(self, worker: int, generation: int, meta: tuple, msg: np.ndarray, buffers) -> tuple:
         self._serving()
         return self.ledger.push(worker, generation, meta, msg, buffers) if self.ledger is not None else (STALE,)
 
+    @_locked
     def adopt(self, worker: int, indices: np.ndarray) -> None:
         if self.ledger is not None:   # (else the driver sends it again with the next ledger)
             self.ledger.adopt(worker, indices)
 
+    @_locked
     def poll(self, plan: dict | None = None) -> tuple:
-        """The ledger's records since the last poll (``Ledger.poll``), after extending its plan."""
+        """The ledger's records since the last poll (``Ledger.poll``), after extending its plan, and the
+        calls its socket has answered so far."""
         self._serving()
         if plan is not None:
             self.ledger.plan(**plan)
         records, snapshots, delivered, pulls, mode = self.ledger.poll()
-        return records, to_numpy(snapshots), delivered, pulls, mode
+        served = self.listener.served if self.listener is not None else 0
+        return records, to_numpy(snapshots), delivered, pulls, mode, served
 
 
 class WorkerActor:
@@ -169,6 +207,8 @@ class WorkerActor:
         self.buffers = [b for b in model.module.buffers() if b.is_floating_point()]
         self.pending = None   # the direct path: (generation, meta, message, statistics) not taken yet (WAIT)
         self.latency = None   # the direct path: seconds of this worker's last push round trip
+        self.socket = None    # the direct path: the connection to the shard's socket (channel.py), if any
+        self.socket_for = None  # the address it was made for (or tried: None where none was reached)
 
     def ping(self) -> int:
         return os.getpid()
@@ -207,18 +247,31 @@ class WorkerActor:
     def adopt(self, indices: np.ndarray) -> None:
         self.worker.stream.extend(torch.from_numpy(indices.copy()))
 
-    def run(self, shard, generation: int) -> tuple:
+    def _caller(self, shard, channel):
+        """``call(op, *args)`` to the shard: through its socket where this worker reaches it, else a Ray call."""
+        if channel is not None and self.socket_for != channel[0]:
+            if self.socket is not None:
+                self.socket.close()
+            self.socket, self.socket_for = connect(channel), channel[0]
+        if channel is not None and self.socket is not None:
+            return self.socket.call
+        import ray
+        methods = {"push": shard.push_direct, "pull": shard.pull_direct}
+        return lambda op, *args: ray.get(methods[op].remote(*args))
+
+    def run(self, shard, generation: int, channel: tuple | None = None) -> tuple:
         """The direct path (ledger.py): push to and pull from ``shard`` until it says otherwise, one round
-        trip per message (the reply to a push is the next weights). Returns (status, text): the ledger's
-        HOLD, STOP, WAIT or STALE; LOST when the shard died or was restarted; FAILED with the server's
-        NonFiniteError (``on_nonfinite`` "stop")."""
+        trip per message (the reply to a push is the next weights), through the shard's socket (``channel``,
+        channel.py) where it reaches it, else as Ray calls. Returns (status, text): the ledger's HOLD, STOP,
+        WAIT or STALE; LOST when the shard died or was restarted; FAILED with the server's NonFiniteError
+        (``on_nonfinite`` "stop")."""
         import ray
         m = self.worker.id
         if self.pending is not None and self.pending[0] != generation:
             self.pending = None   # computed on the weights of a shard since restored: dropped, as in flight
+        call = self._caller(shard, channel)
         try:
-            reply = ray.get(shard.push_direct.remote(m, *self.pending) if self.pending is not None
-                            else shard.pull_direct.remote(m, generation))
+            reply = call("push", m, *self.pending) if self.pending is not None else call("pull", m, generation)
             while reply[0] == GO:
                 self.pending = None
                 _, lr, weights, adopted = reply
@@ -230,8 +283,18 @@ class WorkerActor:
                 self.pending = (generation, (*meta, self.latency), msg,
                                 [b.detach().cpu().numpy() for b in self.buffers] if self.buffers else None)
                 t = time.perf_counter()
-                reply = ray.get(shard.push_direct.remote(m, *self.pending))
+                reply = call("push", m, *self.pending)
                 self.latency = time.perf_counter() - t
+        except RemoteError as e:   # (through the socket: as a Ray call's RayTaskError below)
+            self.pending = None
+            if e.kind == NonFiniteError.__name__:
+                return FAILED, str(e)
+            if e.kind == ShardRestarted.__name__:
+                return LOST, ""
+            raise RuntimeError(f"the server shard failed: {e.kind}: {e}") from None
+        except ChannelClosed:
+            self.pending, self.socket = None, None   # (the shard's process died: as RayActorError below)
+            return LOST, ""
         except ray.exceptions.RayTaskError as e:
             self.pending = None
             if isinstance(e.cause, NonFiniteError):

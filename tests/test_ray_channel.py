@@ -1,0 +1,137 @@
+"""The direct path's socket (``runtimes/ray/channel.py``), without Ray: a call and its reply, an error inside
+a call, the key, an address nobody serves, a shard whose process dies, a worker that leaves, and the lock
+that orders the socket's calls with the others."""
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from stalegrad.runtimes.ray.channel import ChannelClosed, RemoteError, ShardListener, available, connect
+
+pytestmark = pytest.mark.skipif(not available(), reason="abstract Unix sockets are Linux's")
+
+
+def echo(op, *args):
+    if op == "fail":
+        raise ValueError("first line\nsecond line")
+    return op, args
+
+
+@pytest.fixture
+def listener():
+    lst = ShardListener(echo, threading.Lock())
+    yield lst
+    lst.close()
+
+
+def test_a_call_returns_what_the_handler_returned_and_arrays_arrive_whole(listener):
+    conn = connect(listener.channel)
+    msg = np.random.default_rng(0).standard_normal(50_826).astype(np.float32)
+    op, (m, got) = conn.call("push", 3, msg)
+    assert (op, m) == ("push", 3) and got.dtype == np.float32 and np.array_equal(got, msg)
+    assert conn.call("pull", 1, 0) == ("pull", (1, 0))
+    # a message of agn-mlp's size, beside others, nested, one of them not contiguous (it goes inside the pickle)
+    big = np.arange(4_798_010, dtype=np.float32)
+    stride = np.arange(10, dtype=np.float64)[::2]
+    _, (parts, meta) = conn.call("push", [big, {"s": stride}], (0.5, 16, True, None))
+    assert np.array_equal(parts[0], big) and np.array_equal(parts[1]["s"], stride) and meta == (0.5, 16, True, None)
+    parts[0][0] = -1.0   # (a new buffer, the receiver's to keep and change)
+    assert big[0] == 0.0
+    assert listener.served == 3
+    assert listener.address.startswith("\0")   # the abstract namespace: no file to leave behind
+    conn.close()
+
+
+def test_an_error_inside_a_call_reaches_the_caller_with_its_type_and_first_line_and_the_socket_goes_on(listener):
+    conn = connect(listener.channel)
+    with pytest.raises(RemoteError, match=r"^first line$") as e:
+        conn.call("fail")
+    assert e.value.kind == "ValueError"
+    assert conn.call("pull", 2, 0) == ("pull", (2, 0))
+    conn.close()
+
+
+def test_without_the_key_nothing_connects_and_the_run_s_workers_still_do(listener):
+    address, key = listener.channel
+    assert connect((address, bytes(32))) is None
+    assert connect(("\0stalegrad-shard-nobody-listens-here", key)) is None
+    assert connect(None) is None
+    conn = connect(listener.channel)
+    assert conn.call("pull", 0, 0) == ("pull", (0, 0))
+    conn.close()
+
+
+def _serve_forever(queue):
+    lst = ShardListener(echo, threading.Lock())
+    queue.put(lst.channel)
+    time.sleep(600)
+
+
+def test_a_shard_whose_process_dies_closes_the_socket_at_once():
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_serve_forever, args=(queue,), daemon=True)
+    proc.start()
+    try:
+        channel = queue.get(timeout=60)
+        conn = connect(channel)
+        assert conn.call("pull", 0, 0) == ("pull", (0, 0))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        t = time.monotonic()
+        with pytest.raises(ChannelClosed):
+            conn.call("push", 0, 0)
+        assert time.monotonic() - t < 2
+        assert connect(channel) is None   # (a restarted shard listens elsewhere: the worker falls back or gets the new one)
+    finally:
+        proc.kill()
+
+
+def test_a_worker_that_leaves_ends_its_thread_on_the_shard(listener):
+    def threads():
+        return sum(t.name == "stalegrad-shard-worker" for t in threading.enumerate())
+    before = threads()
+    conn = connect(listener.channel)
+    conn.call("pull", 0, 0)
+    assert threads() == before + 1
+    conn.close()
+    deadline = time.monotonic() + 5
+    while threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads() == before
+
+
+def test_the_lock_orders_the_socket_s_calls_with_everything_else():
+    lock, inside, overlaps = threading.Lock(), [], []
+
+    def handle(op, *args):
+        inside.append(op)
+        if len(inside) > 1:
+            overlaps.append(tuple(inside))
+        time.sleep(0.002)
+        inside.remove(op)
+        return op
+
+    lst = ShardListener(handle, lock)
+    conns = [connect(lst.channel) for _ in range(3)]
+
+    def hammer(conn, name):
+        for _ in range(30):
+            assert conn.call(name) == name
+
+    workers = [threading.Thread(target=hammer, args=(c, f"w{i}")) for i, c in enumerate(conns)]
+    for w in workers:
+        w.start()
+    for _ in range(30):   # what Ray's thread does: the same state, under the same lock
+        with lock:
+            handle("ray")
+    for w in workers:
+        w.join()
+    assert overlaps == [] and lst.served == 90
+    for c in conns:
+        c.close()
+    lst.close()
