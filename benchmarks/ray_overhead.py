@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/ray_overhead.py                  # 4 min 0 s on the 2-core machine at load 3-8
     .venv/bin/python benchmarks/ray_overhead.py --quick          # 1 min 46 s there (CPU figures rough)
     .venv/bin/python benchmarks/ray_overhead.py --json out.json  # also write every figure
+    .venv/bin/python benchmarks/ray_overhead.py --table out.json # print a saved result's tables again
     .venv/bin/python benchmarks/ray_overhead.py --inline-compare # also: the direct path on Ray's default inline limit
     .venv/bin/python benchmarks/ray_overhead.py --profile        # also: where an update's time goes, each Ray path
 
@@ -20,7 +21,7 @@ On one local Ray instance (``ray.init(num_cpus=...)``, with the system configura
   per update: ms (wall time / updates in steady state), the overhead (Ray's ms - local's ms, in ms and
   in bare round trips) and the CPU ms of every process of the run (this one and its children);
 - **the large model**: agn-mlp on Fashion-MNIST, AGN with window 10, M = 4, batch 128, local against
-  Ray (direct path, through the socket and as Ray calls), in as many interleaved rounds;
+  Ray (direct path: Ray calls, its 19 MB being above the socket's limit), in as many interleaved rounds;
 - **the transport alone, by size**: an actor -> actor call carrying 0.2 to 19 MB both ways, as a Ray
   call and through the direct path's socket.
 
@@ -111,7 +112,7 @@ def load() -> list[float]:
 
 class CpuSampler(threading.Thread):
     """Reads ``tree_cpu_s`` of this process every ``every`` seconds while a run is on (the processes of the
-    tree found again every second; ``samples``: (perf_counter, reading)); ``at(t)``, the first reading at
+    tree found again every quarter second; ``samples``: (perf_counter, reading)); ``at(t)``, the first reading at
     or after ``t``. (The local runtime completes its evaluations in another process and reports some of
     them late, so a reading taken when an evaluation is reported is not one taken when it was made.)
     /proc counts CPU in ticks of 10 ms a process: read over a few seconds, not less."""
@@ -124,7 +125,7 @@ class CpuSampler(threading.Thread):
         root, found, since = os.getpid(), set(), -1.0
         while not self.stop.is_set():
             now = time.perf_counter()
-            if now - since >= 1.0:
+            if now - since >= 0.25:   # (new processes: the local runtime's workers start after the run)
                 found, since = tree(root), now
             self.samples.append((now, tree_cpu_s(root, found)))
             self.stop.wait(self.every)
@@ -282,10 +283,19 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="also a timed run of each Ray path on the small model: CPU by process, the parts of an update")
     ap.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    ap.add_argument("--table", metavar="PATH", help="print the tables of a result that --json saved, and stop")
     args = ap.parse_args()
+    if args.table:
+        try:
+            saved = json.loads(Path(args.table).read_text())
+            report(saved)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"ray_overhead.py: error: --table {args.table}: not a result of --json ({type(e).__name__}: {e})")
+        return
     import ray
     rounds = args.rounds or (1 if args.quick else 3)
-    small_epochs, agn_epochs = (40.0, 0.25) if args.quick else (100.0, 0.5)   # (a few seconds in steady state)
+    # (seconds in steady state: at 0.7 ms an update, 100 epochs of digits were half a second of it)
+    small_epochs, agn_epochs = (40.0, 0.25) if args.quick else (400.0, 0.5)
     digits = sg.load_pair("digits")
     tr, te = sg.load_pair("fashion-mnist")
     # 2,000 test images: an evaluation costs both runtimes the same, and less
@@ -307,11 +317,10 @@ def main() -> None:
             small["ray_calls"].append(train("mlp", digits, "dcasgd-a", RayRuntime(same_node_socket=False), small_epochs))
             small["ray_driver_path"].append(train("mlp", digits, "dcasgd-a", DriverPath(), small_epochs))
         out["small"] = small
-        agn, large = sg.make_algorithm("agn", window=10), {"local": [], "ray": [], "ray_calls": []}
-        for _ in range(rounds):
+        agn, large = sg.make_algorithm("agn", window=10), {"local": [], "ray": []}
+        for _ in range(rounds):   # (19 MB weights: Ray calls, above the socket's channel.MAX_BYTES)
             large["local"].append(train("agn-mlp", fashion, agn, sg.LocalRuntime(threads_per_worker=1), agn_epochs))
             large["ray"].append(train("agn-mlp", fashion, agn, RayRuntime(), agn_epochs))
-            large["ray_calls"].append(train("agn-mlp", fashion, agn, RayRuntime(same_node_socket=False), agn_epochs))
         out["agn_mlp"] = large
         if args.profile:
             out["profile"] = {}
@@ -361,8 +370,8 @@ def summarise(out: dict) -> None:
                    "overhead_in_round_trips": (ms - local) / rt, "cpu_ms_per_update": med(small[name], "cpu_ms_per_update")}
     s["local"] = {"ms_per_update": local, "cpu_ms_per_update": med(small["local"], "cpu_ms_per_update")}
     agn = out["agn_mlp"]
-    for name, key in (("ray", "agn_mlp_ratio_vs_local"), ("ray_calls", "agn_mlp_ray_calls_ratio_vs_local")):
-        s[key] = statistics.median(r["samples_per_s"] / lo["samples_per_s"] for lo, r in zip(agn["local"], agn[name]))
+    s["agn_mlp_ratio_vs_local"] = statistics.median(r["samples_per_s"] / lo["samples_per_s"]
+                                                    for lo, r in zip(agn["local"], agn["ray"]))
     out["summary"] = s
 
 
@@ -389,8 +398,8 @@ def report(out: dict) -> None:
     agn = out["agn_mlp"]
     print(f"\nagn-mlp agn window 10, M = {M} (medians of {len(agn['local'])} interleaved rounds): local "
           f"{med(agn['local'], 'samples_per_s'):.0f} samples/s, ray {med(agn['ray'], 'samples_per_s'):.0f} samples/s "
-          f"(Ray calls: {med(agn['ray_calls'], 'samples_per_s'):.0f}): Ray / local {s['agn_mlp_ratio_vs_local']:.2f} "
-          f"(Ray calls: {s['agn_mlp_ray_calls_ratio_vs_local']:.2f}; by round "
+          f"({sum(r['transport']['socket_calls'] for r in agn['ray'])} calls through the socket): Ray / local "
+          f"{s['agn_mlp_ratio_vs_local']:.2f} (by round "
           + ", ".join(f"{r['samples_per_s'] / lo['samples_per_s']:.2f}" for lo, r in zip(agn["local"], agn["ray"]))
           + ")")
     if "small_default_inline" in out:

@@ -10,7 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from stalegrad.runtimes.ray.channel import ChannelClosed, RemoteError, ShardListener, available, connect
+from stalegrad.algorithms import make_algorithm
+from stalegrad.runtimes.ray import INLINE_BYTES
+from stalegrad.runtimes.ray.actors import ShardActor
+from stalegrad.runtimes.ray.channel import MAX_BYTES, ChannelClosed, RemoteError, ShardListener, available, connect
+from stalegrad.runtimes.ray.ledger import GO, WAIT
 
 pytestmark = pytest.mark.skipif(not available(), reason="abstract Unix sockets are Linux's")
 
@@ -135,3 +139,26 @@ def test_the_lock_orders_the_socket_s_calls_with_everything_else():
     for c in conns:
         c.close()
     lst.close()
+
+
+def test_a_shard_opens_its_socket_for_weights_up_to_ray_s_inline_limit_only():
+    # (the class that Ray runs as the shard actor, here as a plain object)
+    assert MAX_BYTES == INLINE_BYTES   # above it, Ray's object store moves the weights in one copy
+
+    def shard(numel):
+        s = ShardActor(make_algorithm("asgd"), numel, 2, "skip")
+        s.loaded = True
+        return s
+
+    small, large = shard(MAX_BYTES // 4), shard(MAX_BYTES // 4 + 1)
+    assert large.direct(0, 0, 0.0, False) is None and small.direct(0, 0, 0.0, False, False) is None
+    channel = small.direct(0, 0, 0.0, False)
+    conn = connect(channel)
+    assert conn.call("pull", 1, 0) == (WAIT, False)   # through the ledger: nothing planned yet
+    small.plan(0, [0.1, 0.1], [], None, None)
+    go, lr, weights, adopted = conn.call("pull", 1, 0)
+    assert (go, lr, adopted) == (GO, 0.1, []) and weights.shape == (MAX_BYTES // 4,)
+    assert small.poll()[-1] == 2   # the calls the socket answered, for the driver's summary
+    assert small.direct(1, 0, 0.0, False) == channel   # a new ledger, the same socket
+    conn.close()
+    small.listener.close()

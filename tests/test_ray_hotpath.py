@@ -196,6 +196,22 @@ class Counted(RayRuntime):
         return Slow(self, training, resume)
 
 
+def elsewhere_shard():
+    """A shard whose socket no worker reaches, as from another machine: they fall back to Ray calls."""
+    class Elsewhere(ShardActor):
+        def direct(self, *args):
+            _, key = ShardActor.direct(self, *args)
+            return "\0stalegrad-shard-on-another-machine", key
+    return Elsewhere
+
+
+class Far(RayRuntime):
+    def make_driver(self, training, resume):
+        class FarDriver(DirectDriver):
+            shard_actor = elsewhere_shard()
+        return FarDriver(self, training, resume)
+
+
 def run(runtime, workers=1, **kw):
     options = dict(epochs=2, batch_size=16, eval_every=0.5, seed=5, lr=0.05, lr_milestones=(1.0,), lr_gamma=0.5)
     return sg.train("mlp", TRAIN, TEST, "dcasgd-a", workers, runtime, **{**options, **kw})
@@ -205,13 +221,14 @@ def test_one_worker_gives_the_simulators_bits_on_either_path(ray_session, tmp_pa
     kw = dict(checkpoint_every=7)       # held for a checkpoint every 7 updates, with a milestone at epoch 1
     direct = run(RayRuntime(), checkpoint_path=tmp_path / "a.pt", **kw)
     by_ray_calls = run(RayRuntime(same_node_socket=False), checkpoint_path=tmp_path / "d.pt", **kw)
+    far = run(Far(), checkpoint_path=tmp_path / "e.pt", **kw)
     driver = run(DriverPath(), checkpoint_path=tmp_path / "b.pt", **kw)
     sim = run(Simulator(delay="round-robin"), checkpoint_path=tmp_path / "c.pt", **kw)
     assert direct.summary["transport"]["path"] == "direct" and "path" not in driver.summary["transport"]
     # the worker pushed through the shard's socket (every push, and a pull at each start after a checkpoint)
     assert direct.summary["transport"]["socket_calls"] > direct.summary["updates"]
-    assert by_ray_calls.summary["transport"]["socket_calls"] == 0
-    for other in (by_ray_calls, driver, sim):
+    assert by_ray_calls.summary["transport"]["socket_calls"] == far.summary["transport"]["socket_calls"] == 0
+    for other in (by_ray_calls, far, driver, sim):
         assert direct.summary["weights_sha256"] == other.summary["weights_sha256"]
         assert direct.update_log() == other.update_log()
         assert [(m["updates"], m["lr"], m["test_acc"]) for m in direct.metrics] == \

@@ -20,7 +20,7 @@ import torch
 
 from ...core.server import NonFiniteError, ParameterServer
 from ...core.worker import FlatModel
-from .channel import ChannelClosed, RemoteError, ShardListener, available, connect
+from .channel import MAX_BYTES, ChannelClosed, RemoteError, ShardListener, available, connect
 from .ledger import FAILED, GO, LOST, STALE, WAIT, Ledger
 
 
@@ -140,9 +140,11 @@ class ShardActor:
     # ---- the direct path (ledger.py): the workers call these themselves --------------------------
     @_locked
     def direct(self, generation: int, count: int, t0: float, drain: bool, socket: bool = True):
-        """A new ledger; returns the socket's (address, key) for workers on this machine, or None."""
+        """A new ledger; returns the socket's (address, key) for workers on this machine, or None (not asked
+        for, not Linux, or weights larger than ``channel.MAX_BYTES``)."""
         self.ledger = Ledger(self._serving(), generation, count, t0, drain)
-        if not (socket and available()):
+        w = self.server.w
+        if not (socket and available() and w.numel() * w.element_size() <= MAX_BYTES):
             return None
         if self.listener is None:
             self.listener = ShardListener(self._socket_call, self.lock)

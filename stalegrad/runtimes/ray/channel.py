@@ -6,7 +6,8 @@ section 6: 2.4 ms for the digits mlp's 50,826 floats both ways, against 1 ms for
 update). A worker on the same machine makes the same call over a socket of its own instead: the shard
 listens on a Unix socket, one thread per connected worker, and each call is one message each way
 (``Wire``: a pickle whose arrays travel beside it, each copied once into the socket and once out of it). Everything else still goes through Ray: the
-plan, the driver's polls, checkpoints, faults, and the calls of a worker on another machine.
+plan, the driver's polls, checkpoints, faults, the calls of a worker on another machine, and every call
+of a model whose weights exceed ``MAX_BYTES``.
 
 - **Same machine, found by trying**: the address is in Linux's abstract socket namespace (no file, gone
   with the shard's process), so a worker elsewhere (another machine, another network namespace) finds
@@ -32,6 +33,16 @@ import struct
 import sys
 import threading
 from multiprocessing.connection import AuthenticationError, Client, Listener
+
+
+# The largest weights (in bytes) served through the socket; above it, Ray calls. Up to this size Ray copies
+# the bytes through its own sockets (the 1 MiB inline limit, ``ray.INLINE_BYTES``) and the socket here is
+# 5 to 10 times cheaper. Above it Ray hands them over in its shared-memory object store, in one copy,
+# whereas a socket moves them through a kernel buffer of about 200 KB, so the sender waits for the
+# receiver to be on a core again and again: timed alone the socket still wins at 19 MB (8 against 10 to
+# 25 ms), but in training, agn-mlp's four workers sharing two cores, its throughput fell to 0.8 of Ray
+# calls' (docs/performance.md, section 6).
+MAX_BYTES = 1 << 20
 
 
 class ChannelClosed(ConnectionError):
