@@ -4,6 +4,7 @@ that orders the socket's calls with the others."""
 import multiprocessing as mp
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -61,12 +62,24 @@ def test_an_error_inside_a_call_reaches_the_caller_with_its_type_and_first_line_
 
 def test_without_the_key_nothing_connects_and_the_run_s_workers_still_do(listener):
     address, key = listener.channel
-    assert connect((address, bytes(32))) is None
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect(address)   # connects and never answers the challenge: it must not hold the others up
+
+    def within(seconds, fn):   # (what would hang behind the silent peer fails instead)
+        out = []
+        t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+        t.start()
+        t.join(seconds)
+        assert out, f"no answer within {seconds} s"
+        return out[0]
+
+    assert within(10, lambda: connect((address, bytes(32)))) is None
     assert connect(("\0stalegrad-shard-nobody-listens-here", key)) is None
     assert connect(None) is None
-    conn = connect(listener.channel)
+    conn = within(10, lambda: connect(listener.channel))
     assert conn.call("pull", 0, 0) == ("pull", (0, 0))
     conn.close()
+    silent.close()
 
 
 def _serve_forever(queue):

@@ -10,8 +10,10 @@ The same ``Worker`` and ``ParameterServer`` as every runtime, on Ray actors:
   and ``--gpus-per-worker`` as its Ray resource request;
 - the driver holds the training run. With one shard and an asynchronous rule
   that pulls before computing (``direct.fits``) the workers push to and pull
-  from the shard themselves, one round trip per update, and the driver reads
-  the shard's records afterwards (``direct.py``, ``ledger.py``); otherwise the
+  from the shard themselves, one round trip per update (through the shard's
+  Unix socket on its machine for weights up to 1 MiB, ``channel.py``; else a
+  Ray call), and the driver reads the shard's records afterwards
+  (``direct.py``, ``ledger.py``); otherwise the
   driver waits on whichever worker finishes first (``ray.wait``) and makes every
   call to the shards (``driver.py``).
 

@@ -5,16 +5,17 @@ next weights back. As a Ray call that costs more CPU than a small model's whole 
 section 6: 2.4 ms for the digits mlp's 50,826 floats both ways, against 1 ms for the local runtime's
 update). A worker on the same machine makes the same call over a socket of its own instead: the shard
 listens on a Unix socket, one thread per connected worker, and each call is one message each way
-(``Wire``: a pickle whose arrays travel beside it, each copied once into the socket and once out of it). Everything else still goes through Ray: the
-plan, the driver's polls, checkpoints, faults, the calls of a worker on another machine, and every call
-of a model whose weights exceed ``MAX_BYTES``.
+(``Wire``: a pickle whose arrays travel beside it, each copied once into the socket and once out of it).
+Everything else still goes through Ray: the plan, the driver's polls, checkpoints, faults, the calls of a
+worker on another machine, and every call of a model whose weights exceed ``MAX_BYTES``.
 
 - **Same machine, found by trying**: the address is in Linux's abstract socket namespace (no file, gone
   with the shard's process), so a worker elsewhere (another machine, another network namespace) finds
   nothing there, and falls back to the Ray call (``connect`` returns None). Elsewhere than Linux there is no
   socket (``available``).
 - **Only the run's workers**: a random key, handed to the workers through Ray, authenticates each
-  connection (multiprocessing's HMAC challenge); anything else that connects is dropped.
+  connection (multiprocessing's HMAC challenge) before anything is read from it; anything else that
+  connects is dropped, and one that never answers holds only its own thread, never the others' accept.
 - **Faults as with a Ray call**: a shard that dies closes its sockets with its process, and the worker's call
   raises ``ChannelClosed`` (the worker reports LOST, as for a dead actor); a worker that dies closes its
   end, and the shard's thread for it ends. An error inside the call (a NaN under ``on_nonfinite`` "stop")
@@ -32,7 +33,7 @@ import socket
 import struct
 import sys
 import threading
-from multiprocessing.connection import AuthenticationError, Client, Listener
+from multiprocessing.connection import AuthenticationError, Client, Listener, answer_challenge, deliver_challenge
 
 
 # The largest weights (in bytes) served through the socket; above it, Ray calls. Up to this size Ray copies
@@ -108,7 +109,9 @@ class ShardListener:
         self.handle, self.lock = handle, lock
         self.key = secrets.token_bytes(32)
         self.address = "\0stalegrad-shard-" + secrets.token_hex(16)   # (the leading NUL: abstract namespace)
-        self.listener = Listener(self.address, family="AF_UNIX", authkey=self.key)
+        # (no authkey here: Listener.accept would run the challenge itself, and a peer that never answers
+        # would stop every later worker from connecting; each connection's thread runs it instead)
+        self.listener = Listener(self.address, family="AF_UNIX")
         self.served = 0   # calls answered
         threading.Thread(target=self._accept, name="stalegrad-shard-socket", daemon=True).start()
 
@@ -120,13 +123,17 @@ class ShardListener:
         while True:
             try:
                 conn = self.listener.accept()
-            except (AuthenticationError, EOFError, ConnectionError):
-                continue   # (a connection without the key, or one that left during the challenge)
             except OSError:
                 return     # the listener was closed
             threading.Thread(target=self._serve, args=(conn,), name="stalegrad-shard-worker", daemon=True).start()
 
     def _serve(self, conn) -> None:
+        try:
+            deliver_challenge(conn, self.key)   # (both ways, as Listener(authkey=...) does)
+            answer_challenge(conn, self.key)
+        except (AuthenticationError, EOFError, OSError):
+            conn.close()   # (a connection without the key, or one that left during the challenge)
+            return
         wire = Wire(conn)
         try:
             while True:
