@@ -281,7 +281,8 @@ def main() -> None:
     ap.add_argument("--inline-compare", action="store_true",
                     help="also run the direct path on a Ray instance with Ray's default inline limit (100 KiB)")
     ap.add_argument("--profile", action="store_true",
-                    help="also a timed run of each Ray path on the small model: CPU by process, the parts of an update")
+                    help="also a timed run of each Ray path on the small model, and of the direct path on agn-mlp: "
+                         "CPU by process, the parts of an update")
     ap.add_argument("--json", metavar="PATH", help="write every figure to PATH")
     ap.add_argument("--table", metavar="PATH", help="print the tables of a result that --json saved, and stop")
     args = ap.parse_args()
@@ -328,6 +329,11 @@ def main() -> None:
                 runtime = profiled(path)
                 out["profile"][path] = train("mlp", digits, "dcasgd-a", runtime, small_epochs, by_name=True)
                 out["profile"][path]["parts"] = runtime.profile
+            runtime = profiled("direct")   # the large model: where its CPU goes beside the workers' steps
+            out["profile"]["direct, agn-mlp"] = train("agn-mlp", fashion, agn, runtime, agn_epochs, by_name=True)
+            out["profile"]["direct, agn-mlp"]["parts"] = runtime.profile
+            out["profile"]["local, agn-mlp"] = train("agn-mlp", fashion, agn, sg.LocalRuntime(
+                threads_per_worker=1), agn_epochs, by_name=True)
     finally:
         ray.shutdown()
     if args.inline_compare:   # Ray's default limit: a 203 KB message goes through the shared-memory store
@@ -381,9 +387,10 @@ def report(out: dict) -> None:
           f"{rt['actor_to_actor_ms']:.3f} ms, actor -> actor with a {rt['message_bytes'] / 1000:.0f} KB message "
           f"both ways {rt['actor_to_actor_with_message_ms']:.3f} ms ({rt['actor_to_actor_with_message_cpu_ms']:.2f} CPU ms, "
           "all processes)")
-    print("\nan actor -> actor call carrying the message both ways, median ms: "
-          + ", ".join(f"{t['message_bytes'] / 1e6:.2f} MB: Ray call {t['ray_call_ms']:.2f}, socket {t['socket_ms']:.2f}"
-                      for t in out.get("transport_by_size", [])))
+    if out.get("transport_by_size"):
+        print("\nan actor -> actor call carrying the message both ways, median ms: " + ", ".join(
+            f"{t['message_bytes'] / 1e6:.2f} MB: Ray call {t['ray_call_ms']:.2f}, socket {t['socket_ms']:.2f}"
+            for t in out["transport_by_size"]))
     print(f"\ndigits mlp dcasgd-a, M = {M}, batch 128, one shard (medians of {len(out['small']['local'])} "
           "interleaved rounds)")
     print("| runtime | ms per update | CPU ms per update | Ray / local | overhead per update | in bare round trips |")
@@ -392,13 +399,15 @@ def report(out: dict) -> None:
     for name, label in (("ray", "ray (direct path, the shard's socket)"),
                         ("ray_calls", "ray (direct path, Ray calls: --no-same-node-socket)"),
                         ("ray_driver_path", "ray (driver path)")):
+        if name not in s:
+            continue   # (a result from before that runtime was measured)
         r = s[name]
         print(f"| {label} | {r['ms_per_update']:.2f} | {r['cpu_ms_per_update']:.2f} | {r['ratio_vs_local']:.2f} | "
               f"{r['overhead_ms']:.2f} ms | {r['overhead_in_round_trips']:.1f} |")
-    agn = out["agn_mlp"]
+    agn = {k: v if isinstance(v, list) else [v] for k, v in out["agn_mlp"].items()}   # (one round, before)
     print(f"\nagn-mlp agn window 10, M = {M} (medians of {len(agn['local'])} interleaved rounds): local "
           f"{med(agn['local'], 'samples_per_s'):.0f} samples/s, ray {med(agn['ray'], 'samples_per_s'):.0f} samples/s "
-          f"({sum(r['transport']['socket_calls'] for r in agn['ray'])} calls through the socket): Ray / local "
+          f"({sum((r['transport'] or {}).get('socket_calls', 0) for r in agn['ray'])} calls through the socket): Ray / local "
           f"{s['agn_mlp_ratio_vs_local']:.2f} (by round "
           + ", ".join(f"{r['samples_per_s'] / lo['samples_per_s']:.2f}" for lo, r in zip(agn["local"], agn["ray"]))
           + ")")
@@ -408,12 +417,15 @@ def report(out: dict) -> None:
               f"{med(runs, 'cpu_ms_per_update'):.2f} CPU ms; actor -> actor with the message "
               f"{rtd['actor_to_actor_with_message_ms']:.3f} ms")
     for path, p in out.get("profile", {}).items():
-        print(f"\nprofile, Ray's {path} path ({p['ms_per_update']:.2f} ms per update): CPU ms per update by process: "
+        label = {"direct": "Ray's direct path", "driver": "Ray's driver path", "direct, agn-mlp": "Ray's direct "
+                 "path, agn-mlp", "local, agn-mlp": "the local runtime, agn-mlp"}.get(path, path)
+        print(f"\nprofile, {label} ({p['ms_per_update']:.2f} ms per update): CPU ms per update by process: "
               + ", ".join(f"{k} {v:.2f}" for k, v in p["cpu_ms_per_update_by_process"].items() if v > 0.005)
               + f"; all {sum(p['cpu_ms_per_update_by_process'].values()):.2f}")
-        print("  median ms: " + ", ".join(f"{k} {v['median_ms']:.3f} (n {v['n']})" for k, v in p["parts"].items())
-              + f"; a push's round trip ({'as its worker sees it' if path == 'direct' else 'the driver waiting for the shard'}) "
-              f"{p['transport']['push_ms_median']:.3f}")
+        if "parts" in p:
+            print("  median ms: " + ", ".join(f"{k} {v['median_ms']:.3f} (n {v['n']})" for k, v in p["parts"].items())
+                  + f"; a push's round trip ({'as its worker sees it' if path.startswith('direct') else 'the driver waiting for the shard'}) "
+                  f"{p['transport']['push_ms_median']:.3f}")
     print(f"\nload average {out['load_before']} -> {out['load_after']}; {out['machine']}")
 
 
