@@ -109,17 +109,14 @@ def test_a_shard_whose_process_dies_closes_the_socket_at_once():
 
 
 def test_a_worker_that_leaves_ends_its_thread_on_the_shard(listener):
-    def threads():
-        return sum(t.name == "stalegrad-shard-worker" for t in threading.enumerate())
-    before = threads()
+    before = set(threading.enumerate())
     conn = connect(listener.channel)
     conn.call("pull", 0, 0)
-    assert threads() == before + 1
+    mine = [t for t in set(threading.enumerate()) - before if t.name == "stalegrad-shard-worker"]
+    assert len(mine) == 1 and mine[0].is_alive()
     conn.close()
-    deadline = time.monotonic() + 5
-    while threads() > before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert threads() == before
+    mine[0].join(5)
+    assert not mine[0].is_alive()
 
 
 def test_the_lock_orders_the_socket_s_calls_with_everything_else():
