@@ -148,7 +148,6 @@ class ShardActor:
             return None
         if self.listener is None:
             self.listener = ShardListener(self._socket_call, self.lock)
-        self.listener.served = 0
         return self.listener.channel
 
     def _socket_call(self, op: str, *args) -> tuple:
@@ -177,12 +176,12 @@ class ShardActor:
     @_locked
     def poll(self, plan: dict | None = None) -> tuple:
         """The ledger's records since the last poll (``Ledger.poll``), after extending its plan, and the
-        calls its socket has answered so far."""
+        calls its socket answered since then."""
         self._serving()
         if plan is not None:
             self.ledger.plan(**plan)
         records, snapshots, delivered, pulls, mode = self.ledger.poll()
-        served = self.listener.served if self.listener is not None else 0
+        served = self.listener.take_served() if self.listener is not None else 0
         return records, to_numpy(snapshots), delivered, pulls, mode, served
 
 
@@ -287,12 +286,12 @@ class WorkerActor:
                 t = time.perf_counter()
                 reply = call("push", m, *self.pending)
                 self.latency = time.perf_counter() - t
-        except RemoteError as e:   # (through the socket: as a Ray call's RayTaskError below)
+        # Through the socket, as a Ray call's RayTaskError below (a shard that Ray restarted opens its socket
+        # only once it is loaded again, so ShardRestarted never comes this way)
+        except RemoteError as e:
             self.pending = None
             if e.kind == NonFiniteError.__name__:
                 return FAILED, str(e)
-            if e.kind == ShardRestarted.__name__:
-                return LOST, ""
             raise RuntimeError(f"the server shard failed: {e.kind}: {e}") from None
         except ChannelClosed:
             self.pending, self.socket = None, None   # (the shard's process died: as RayActorError below)

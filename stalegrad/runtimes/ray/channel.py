@@ -112,7 +112,7 @@ class ShardListener:
         # (no authkey here: Listener.accept would run the challenge itself, and a peer that never answers
         # would stop every later worker from connecting; each connection's thread runs it instead)
         self.listener = Listener(self.address, family="AF_UNIX")
-        self.served = 0   # calls answered
+        self.served = 0   # calls answered since the owner last took the count (``take_served``)
         threading.Thread(target=self._accept, name="stalegrad-shard-socket", daemon=True).start()
 
     @property
@@ -150,6 +150,11 @@ class ShardListener:
         finally:
             wire.close()
 
+    def take_served(self) -> int:
+        """The calls answered since the last time (under the lock)."""
+        served, self.served = self.served, 0
+        return served
+
     def close(self) -> None:
         self.listener.close()
 
@@ -157,8 +162,8 @@ class ShardListener:
 class ShardConnection:
     """A worker's end: ``call(op, *args)`` returns what the shard's ``handle`` returned."""
 
-    def __init__(self, conn, address: str):
-        self.wire, self.address = Wire(conn), address
+    def __init__(self, conn):
+        self.wire = Wire(conn)
 
     def call(self, op: str, *args):
         try:
@@ -181,6 +186,6 @@ def connect(channel: tuple[str, bytes] | None) -> ShardConnection | None:
         return None
     address, key = channel
     try:
-        return ShardConnection(Client(address, family="AF_UNIX", authkey=key), address)
+        return ShardConnection(Client(address, family="AF_UNIX", authkey=key))
     except (OSError, EOFError, AuthenticationError):
         return None

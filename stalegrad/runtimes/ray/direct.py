@@ -55,7 +55,6 @@ class DirectDriver(Driver):
         self.polls = 0
         self.channel = None            # the shard's socket for workers on its machine (channel.py), if any
         self.socket_calls = 0          # pulls and pushes answered through it, over the shard's generations
-        self.served = 0                # the same, by the shard of this generation
 
     def start(self) -> None:
         super().start()
@@ -65,10 +64,9 @@ class DirectDriver(Driver):
         """(Re)start the shard's ledger at the driver's count, with a plan."""
         t0 = time.time() - (time.perf_counter() - self.t0)   # the run's clock, in the shard's wall seconds
         self.planned = self.processed
-        self.served = 0   # (the shard counts its socket's calls from its ledger's start)
         self.channel = self._get([self.shards[0].direct.remote(self.generation, self.processed, t0,
                                                                bool(self.training.checkpoint_every),
-                                                               getattr(self.rt, "same_node_socket", True))])[0]
+                                                               self.rt.same_node_socket)])[0]
         self._get([self.shards[0].plan.remote(**self.extension(force=True))])
         for m, parts in self.undelivered.items():
             for part in parts:
@@ -101,16 +99,16 @@ class DirectDriver(Driver):
             for m in sorted(self.live):
                 self.launch(m)
         while not training.done or (training.checkpoint_every and self.loops):
-            if not self.loops and not self.live:
-                raise RunError(f"all {self.M} workers were lost; see the notes above")
             try:   # (the shard may die at any call: also while every worker is held for a checkpoint)
-                if not self.loops and self.mode == "hold" and training.checkpoint_due():
-                    self.checkpoint()
-                    continue
-                # (every record is in: a worker stops only after its push)
-                if not self.loops and self.polls and not training.done:
-                    raise RuntimeError(f"every worker stopped at message {self.processed} with the budget "
-                                       f"not spent and no checkpoint due (the shard's mode: {self.mode})")
+                if not self.loops:
+                    if not self.live:
+                        raise RunError(f"all {self.M} workers were lost; see the notes above")
+                    if self.mode == "hold" and training.checkpoint_due():
+                        self.checkpoint()
+                        continue
+                    if self.polls and not training.done:   # (every record is in: a worker stops only after its push)
+                        raise RuntimeError(f"every worker stopped at message {self.processed} with the budget not "
+                                           f"spent and no checkpoint due (the shard's mode: {self.mode})")
                 self.step()
             except ShardLost:
                 self.restore_shards()
@@ -148,8 +146,7 @@ class DirectDriver(Driver):
     def poll(self) -> None:
         records, snapshots, delivered, self.pulls_with_push, self.mode, served = self._get(
             [self.shards[0].poll.remote(self.extension())])[0]
-        self.socket_calls += served - self.served
-        self.served = served
+        self.socket_calls += served
         self.polls += 1
         for m in delivered:
             self.undelivered.pop(m, None)
