@@ -388,9 +388,10 @@ def report(out: dict) -> None:
           f"both ways {rt['actor_to_actor_with_message_ms']:.3f} ms ({rt['actor_to_actor_with_message_cpu_ms']:.2f} CPU ms, "
           "all processes)")
     if out.get("transport_by_size"):
-        print("\nan actor -> actor call carrying the message both ways, median ms: " + ", ".join(
-            f"{t['message_bytes'] / 1e6:.2f} MB: Ray call {t['ray_call_ms']:.2f}, socket {t['socket_ms']:.2f}"
-            for t in out["transport_by_size"]))
+        print("\nan actor -> actor call carrying the message both ways, median ms:\n")
+        print("| message | Ray call | the shard's socket |\n|---|---|---|")
+        for t in out["transport_by_size"]:
+            print(f"| {t['message_bytes'] / 1e6:.2f} MB | {t['ray_call_ms']:.2f} | {t['socket_ms']:.2f} |")
     print(f"\ndigits mlp dcasgd-a, M = {M}, batch 128, one shard (medians of {len(out['small']['local'])} "
           "interleaved rounds)")
     print("| runtime | ms per update | CPU ms per update | Ray / local | overhead per update | in bare round trips |")
@@ -416,13 +417,27 @@ def report(out: dict) -> None:
         print(f"\nRay's default inline limit (100 KiB): direct path {med(runs, 'ms_per_update'):.2f} ms per update, "
               f"{med(runs, 'cpu_ms_per_update'):.2f} CPU ms; actor -> actor with the message "
               f"{rtd['actor_to_actor_with_message_ms']:.3f} ms")
-    for path, p in out.get("profile", {}).items():
-        label = {"direct": "Ray's direct path", "driver": "Ray's driver path", "direct, agn-mlp": "Ray's direct "
-                 "path, agn-mlp", "local, agn-mlp": "the local runtime, agn-mlp"}.get(path, path)
-        print(f"\nprofile, {label} ({p['ms_per_update']:.2f} ms per update): CPU ms per update by process: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in p["cpu_ms_per_update_by_process"].items() if v > 0.005)
-              + f"; all {sum(p['cpu_ms_per_update_by_process'].values()):.2f}")
+    profiles = out.get("profile", {})
+    if profiles:   # CPU ms per update by process, and its share of all, one column per profiled run
+        labels = {"direct": "Ray, direct path", "driver": "Ray, driver path", "direct, agn-mlp": "Ray, direct path, "
+                  "agn-mlp", "local, agn-mlp": "local runtime, agn-mlp"}
+        names = list(dict.fromkeys(k for p in profiles.values() for k, v in p["cpu_ms_per_update_by_process"].items()
+                                   if v > 0.005))
+        print("\nprofile: CPU ms per update by process (share of all)\n")
+        print("| | " + " | ".join(f"{labels.get(path, path)} ({p['ms_per_update']:.2f} ms per update)"
+                                   for path, p in profiles.items()) + " |")
+        print("|---" * (len(profiles) + 1) + "|")
+        for name in names + ["all"]:
+            cells = []
+            for p in profiles.values():
+                cpu = p["cpu_ms_per_update_by_process"]
+                v = sum(cpu.values()) if name == "all" else cpu.get(name, 0.0)
+                share = "" if name == "all" else f" ({v / sum(cpu.values()):.0%})"
+                cells.append(f"{v:.2f}{share}" if v > 0.005 else "")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+    for path, p in profiles.items():
         if "parts" in p:
+            print(f"\nprofile, {path}:")
             print("  median ms: " + ", ".join(f"{k} {v['median_ms']:.3f} (n {v['n']})" for k, v in p["parts"].items())
                   + f"; a push's round trip ({'as its worker sees it' if path.startswith('direct') else 'the driver waiting for the shard'}) "
                   f"{p['transport']['push_ms_median']:.3f}")
