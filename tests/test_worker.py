@@ -110,6 +110,48 @@ def test_loss_and_grad_is_plain_cross_entropy_and_its_gradient():
             assert torch.equal(fm.flat, w) and fm.module.training
 
 
+def test_a_mini_batch_uses_the_callers_vector_in_place_and_load_never_writes_into_it():
+    """loss_and_grad computes at the caller's vector itself (no copy per local step), with the bits of a copy;
+    afterwards ``load`` (evaluation, the returned module) copies into the model's own vector, so the vector
+    used in place (say, a commit about to be pushed) keeps its values."""
+    copied = FlatModel(with_batchnorm())
+    fm = FlatModel(with_batchnorm())
+    own = fm.flat
+    w = random_weights(fm.numel, 5)
+    x, y = DATA.x[:16], DATA.y[:16]
+    loss, g = fm.loss_and_grad(w, x, y)
+    first = trainable(fm.module)[0]
+    assert first.data_ptr() == w.data_ptr() and fm.flat is w          # used in place, not copied
+    copied.load(w)                                                       # the copying path, for the same bits
+    ref_loss, ref_g = copied.loss_and_grad(copied.flat, x, y)
+    assert loss == ref_loss and torch.equal(g, ref_g)
+    # a local step in place, then the next mini-batch: the model sees the new values without a copy
+    w.add_(g, alpha=-0.1)
+    loss2, g2 = fm.loss_and_grad(w, x, y)
+    copied.load(w)
+    ref2 = copied.loss_and_grad(copied.flat, x, y)
+    assert (loss2, g2.tolist()) == (ref2[0], ref2[1].tolist())
+    # the caller turns w into its message; loading other weights must not touch it
+    w.mul_(-1.0)
+    message = w.clone()
+    other = random_weights(fm.numel, 6)
+    fm.evaluate(other, DATA.x, DATA.y)
+    assert torch.equal(w, message)                                       # nothing written into w
+    assert fm.flat is own and torch.equal(own, other) and first.data_ptr() == own.data_ptr()
+
+
+def test_a_vector_not_laid_out_as_the_models_own_is_copied():
+    """Unaligned (a view one float into a larger vector), another dtype or not contiguous: copied, as before."""
+    fm = FlatModel(linear())
+    x, y = DATA.x[:16], DATA.y[:16]
+    base = random_weights(fm.numel + 1, 7)
+    for w in (base[1:], base[:fm.numel].double(), random_weights(2 * fm.numel, 8)[::2]):
+        loss, g = fm.loss_and_grad(w, x, y)
+        assert fm.flat.data_ptr() != w.data_ptr() and torch.equal(fm.flat, w.float())
+        ref_loss, ref_g = plain_loss_and_grad(linear(), w.float(), x, y)
+        assert loss == pytest.approx(ref_loss, rel=1e-6) and close(g, ref_g)
+
+
 def test_evaluate_is_plain_mean_loss_and_accuracy():
     fm = FlatModel(linear())
     reference = linear()
