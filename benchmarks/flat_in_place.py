@@ -56,7 +56,8 @@ def measure(workers: int, rounds: int, x, y) -> dict:
     def team(kind):
         return [kind(m, algo, model, x, y, BatchStream(len(y), m, workers, 128), w0, workers) for m in range(workers)]
 
-    teams = {"in place": team(Worker), "copied": team(CopyingWorker)}   # each way its own workers: the same batches and Adam states
+    # each way its own workers: the same batches and Adam states
+    teams = {"in place": team(Worker), "copied": team(CopyingWorker)}
     times = {"in place": [], "copied": []}
     first = {}
     for r in range(rounds):

@@ -109,8 +109,8 @@ def report(runs: dict, threads: int) -> None:
                      rs[-1]["threads_used"] if kind == "sim" else threads,
                      rs[-1]["sha"] or "-", "yes" if any(r["warned"] for r in rs) else "no"])
     print(table(["arm", "import order", "wall s, by round", "samples/s (median)", "÷ plain (medians)",
-                 "÷ plain, by round", "÷ plain, median of the rounds", "of which evaluations s", "÷ plain, evaluations left out", "threads used",
-                 "weights_sha256", "warned"], rows))
+                 "÷ plain, by round", "÷ plain, median of the rounds", "of which evaluations s",
+                 "÷ plain, evaluations left out", "threads used", "weights_sha256", "warned"], rows))
 
 
 def main(argv=None) -> int:

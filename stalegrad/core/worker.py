@@ -62,16 +62,17 @@ class FlatModel:
 
     def _use(self, w: Tensor) -> None:
         """The model computes at ``w`` for one mini-batch. A vector laid out as the model's own (the
-        CPU, float32, contiguous, of its size, at a 64-byte aligned address as torch allocates) is used
-        in place: the parameters become views of it, instead of a copy of 19 MB per local step for
-        agn-mlp (AGN's ten steps per commit each copied the worker's weights; issue 33). The bits are
-        those of a copy: the same values at the same alignment modulo any vector width of the CPU's
-        kernels. ``load`` points the model back at its own vector before it next copies into it, so a
-        vector used in place (such as a commit about to be pushed) is never written by the model."""
+        CPU, float32, contiguous, of its size, at an address of the same alignment modulo 64 bytes: any
+        vector that torch allocates) is used in place: the parameters become views of it, instead of a
+        copy of 19 MB per local step for agn-mlp (AGN's ten steps per commit each copied the worker's
+        weights; issue 33). The bits are those of a copy: the same values at the same alignment modulo
+        any vector width of the CPU's kernels. ``load`` points the model back at its own vector before
+        it next copies into it, so a vector used in place (such as a commit about to be pushed) is never
+        written by the model."""
         if w.data_ptr() == self.flat.data_ptr():
             return
         if (w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 1 and w.numel() == self.numel
-                and w.is_contiguous() and not w.requires_grad and w.data_ptr() % 64 == 0
+                and w.is_contiguous() and not w.requires_grad and w.data_ptr() % 64 == self._own.data_ptr() % 64
                 and self._own.device.type == "cpu"):
             self._point(w)
         else:
