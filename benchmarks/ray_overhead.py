@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import echo_actors  # noqa: E402  (first: it imports stalegrad before torch)
+from common import echo_actors, md_table  # noqa: E402  (first: it imports stalegrad before torch)
 import stalegrad as sg  # noqa: E402
 from stalegrad.runtimes.ray import LOCAL_SYSTEM_CONFIG, RayRuntime  # noqa: E402
 from stalegrad.runtimes.ray.driver import Driver  # noqa: E402
@@ -308,7 +308,7 @@ def main() -> None:
     ray_session(ray, dict(LOCAL_SYSTEM_CONFIG))
     try:
         out["round_trip"] = round_trips(ray, 50_826, 200 if args.quick else 400)
-        # the digits mlp's message, 1 MiB (channel.SOCKET_MAX_BYTES), 4 MiB, agn-mlp's
+        # the digits mlp's message, 1 MiB (channel.MAX_BYTES), 4 MiB, agn-mlp's
         out["transport_by_size"] = transport_by_size(ray, [50_826, 262_144, 1_048_576, 4_798_010],
                                                      20 if args.quick else 50)
         small = {"local": [], "ray": [], "ray_calls": [], "ray_driver_path": []}
@@ -389,22 +389,21 @@ def report(out: dict) -> None:
           "all processes)")
     if out.get("transport_by_size"):
         print("\nan actor -> actor call carrying the message both ways, median ms:\n")
-        print("| message | Ray call | the shard's socket |\n|---|---|---|")
-        for t in out["transport_by_size"]:
-            print(f"| {t['message_bytes'] / 1e6:.2f} MB | {t['ray_call_ms']:.2f} | {t['socket_ms']:.2f} |")
+        print(md_table(["message", "Ray call", "the shard's socket"],
+                       [[f"{t['message_bytes'] / 1e6:.2f} MB", f"{t['ray_call_ms']:.2f}", f"{t['socket_ms']:.2f}"]
+                        for t in out["transport_by_size"]]))
     print(f"\ndigits mlp dcasgd-a, M = {M}, batch 128, one shard (medians of {len(out['small']['local'])} "
           "interleaved rounds)")
-    print("| runtime | ms per update | CPU ms per update | Ray / local | overhead per update | in bare round trips |")
-    print("|---|---|---|---|---|---|")
-    print(f"| local | {s['local']['ms_per_update']:.2f} | {s['local']['cpu_ms_per_update']:.2f} | | | |")
+    rows = [["local", f"{s['local']['ms_per_update']:.2f}", f"{s['local']['cpu_ms_per_update']:.2f}", "", "", ""]]
     for name, label in (("ray", "ray (direct path, the shard's socket)"),
                         ("ray_calls", "ray (direct path, Ray calls: --no-same-node-socket)"),
                         ("ray_driver_path", "ray (driver path)")):
-        if name not in s:
-            continue   # (a result from before that runtime was measured)
-        r = s[name]
-        print(f"| {label} | {r['ms_per_update']:.2f} | {r['cpu_ms_per_update']:.2f} | {r['ratio_vs_local']:.2f} | "
-              f"{r['overhead_ms']:.2f} ms | {r['overhead_in_round_trips']:.1f} |")
+        if name in s:   # (not in a result from before that runtime was measured)
+            r = s[name]
+            rows.append([label, f"{r['ms_per_update']:.2f}", f"{r['cpu_ms_per_update']:.2f}",
+                         f"{r['ratio_vs_local']:.2f}", f"{r['overhead_ms']:.2f} ms", f"{r['overhead_in_round_trips']:.1f}"])
+    print(md_table(["runtime", "ms per update", "CPU ms per update", "Ray / local", "overhead per update",
+                    "in bare round trips"], rows))
     agn = {k: v if isinstance(v, list) else [v] for k, v in out["agn_mlp"].items()}   # (one round, before)
     print(f"\nagn-mlp agn window 10, M = {M} (medians of {len(agn['local'])} interleaved rounds): local "
           f"{med(agn['local'], 'samples_per_s'):.0f} samples/s, ray {med(agn['ray'], 'samples_per_s'):.0f} samples/s "
@@ -423,18 +422,18 @@ def report(out: dict) -> None:
                   "agn-mlp", "local, agn-mlp": "local runtime, agn-mlp"}
         names = list(dict.fromkeys(k for p in profiles.values() for k, v in p["cpu_ms_per_update_by_process"].items()
                                    if v > 0.005))
-        print("\nprofile: CPU ms per update by process (share of all)\n")
-        print("| | " + " | ".join(f"{labels.get(path, path)} ({p['ms_per_update']:.2f} ms per update)"
-                                   for path, p in profiles.items()) + " |")
-        print("|---" * (len(profiles) + 1) + "|")
+        rows = []
         for name in names + ["all"]:
-            cells = []
+            cells = [name]
             for p in profiles.values():
                 cpu = p["cpu_ms_per_update_by_process"]
                 v = sum(cpu.values()) if name == "all" else cpu.get(name, 0.0)
                 share = "" if name == "all" else f" ({v / sum(cpu.values()):.0%})"
                 cells.append(f"{v:.2f}{share}" if v > 0.005 else "")
-            print(f"| {name} | " + " | ".join(cells) + " |")
+            rows.append(cells)
+        print("\nprofile: CPU ms per update by process (share of all)\n")
+        print(md_table([""] + [f"{labels.get(path, path)} ({p['ms_per_update']:.2f} ms per update)"
+                               for path, p in profiles.items()], rows))
     for path, p in profiles.items():
         if "parts" in p:
             print(f"\nprofile, {path}:")

@@ -44,10 +44,10 @@ class FlatModel:
         for p in params:
             n = p.numel()
             self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
-            p.data = self.flat[offset:offset + n].view_as(p)
             p.grad = self.grad[offset:offset + n].view_as(p)
             self._slices.append((offset, n))
             offset += n
+        self._point(self.flat)
         self.numel = total
         self.correct: Tensor | None = None   # correct predictions of the last loss_and_grad batch
         self._training = None   # the mode this object last set (module.train() walks every submodule)

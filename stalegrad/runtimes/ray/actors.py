@@ -293,8 +293,9 @@ class WorkerActor:
             if e.kind == NonFiniteError.__name__:
                 return FAILED, str(e)
             raise RuntimeError(f"the server shard failed: {e.kind}: {e}") from None
-        except ChannelClosed:
-            self.pending, self.socket = None, None   # (the shard's process died: as RayActorError below)
+        except ChannelClosed:   # (the shard's process died: as RayActorError below)
+            self.socket.close()
+            self.pending, self.socket = None, None
             return LOST, ""
         except ray.exceptions.RayTaskError as e:
             self.pending = None
