@@ -20,7 +20,9 @@ class _Failed(click.ClickException):
 @click.option("--out", type=click.Path(file_okay=False), required=True,
               help="directory for report.md, report.json and the PNG plots")
 @click.option("--target", type=float, default=None,
-              help="test accuracy for the time-to-target table  [default: 0.9 x the best group's mean best accuracy]")
+              help="accuracy for the time-to-target tables: test accuracy, and validation accuracy where the runs "
+                   "have --val-split (runs that never reach it are counted as censored)  [default: 0.9 x the best "
+                   "group's mean best accuracy]")
 @click.option("--baseline", default=None,
               help="algorithm of the temporal efficiency  [default: sgd if present, else the first algorithm in the "
                    "order of 'stalegrad algorithms']")

@@ -17,6 +17,7 @@ from .report_probes import analyse_probes, plot_probes, read_probes, render_prob
 from .report_protocol import analyse_protocol, render_protocol
 from .report_curves import (TIMES, WINDOW_S, central_curve, efficiencies, logs_train_acc, pair_efficiency,
                             time_to_target)
+from .report_target import FILE as TARGET_PLOT, analyse_target, plot_target, render_target
 from .report_time import MESSAGES_PER_WINDOW, WINDOWS, load_time_model, seconds_per_virtual_second, summarise
 from ..run.files import StagedFiles, disk_full
 from ..run.results import DamagedRun, flat_config, read_run, write_json
@@ -298,6 +299,7 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
                      "seeds": seeds, "axes": axes, "fixed": fixed},
         "statistics": "mean ± sample standard deviation (n - 1) over seeds, (n) the number of seeds",
         "target": {"test_acc": target, "default": target_default, "rule": target_rule},
+        "time_to_target_censored": analyse_target(groups, target),   # test and validation (report_target.py)
         "baseline": {"algorithm": baseline, "default": base_default,
                      "rule": ("the default: sgd when present, else the first algorithm in the order of "
                               "`stalegrad algorithms`") if base_default else
@@ -328,11 +330,11 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
                  on_skip=None, given_in=None, protocol=None, time_model=None, on_warning=None) -> Path:
     """Write report.md, report.json and the plots for ``run_dirs`` into ``out_dir``; return report.md's path.
 
-    ``target``: the test accuracy for the time-to-target table (default 0.9 x the best group's mean best
-    accuracy); ``baseline``: the algorithm of the temporal efficiency (default sgd if present, else the
-    first in ``ALGORITHMS`` order); ``variant``: ``central``, ``workers`` or ``workers-modelled`` (with
-    ``time_model``, the path of a time-model file: report_time.py; the central variant is shown beside
-    it); ``heatmap``: ``"X,Y"``, the
+    ``target``: the test accuracy for the time-to-target tables, the same on validation accuracy where the
+    runs have it (report_target.py; default 0.9 x the best group's mean best test accuracy); ``baseline``:
+    the algorithm of the temporal efficiency (default sgd if present, else the first in ``ALGORITHMS`` order);
+    ``variant``: ``central``, ``workers`` or ``workers-modelled`` (with ``time_model``, the path of a
+    time-model file: report_time.py; the central variant is shown beside it); ``heatmap``: ``"X,Y"``, the
     heat map's two axes; ``given_in``: where ``target`` and ``baseline`` came from, for the report's
     words (default: the options --target and --baseline); ``on_skip(dir, reason)``: called for each damaged run that is left out (the
     report's notes and ``skipped_runs`` name them too); ``on_warning(line)``: called for each claim or seed of
@@ -359,10 +361,15 @@ def write_report(run_dirs, out_dir, *, target=None, baseline=None, variant="cent
             report["plots"], report["skipped_plots"] = make_plots(groups, report, files.dir, heat_axes, heat_why)
             for name in report["skipped_plots"]:
                 files.remove(PLOTS[name][0])   # not a stale figure of an earlier report
+            censored = report["time_to_target_censored"]
+            censored["plot"] = plot_target(groups, censored["target"], files.dir)
+            if not censored["plot"]["file"]:
+                files.remove(TARGET_PLOT)
             report["probes"] = analyse_probes(groups)   # runs with --probe-every (report_probes.py)
             probe_plots = plot_probes(report["probes"], files.dir)
             write_json(files.dir / "report.json", report)
-            head, table, rest = render(report).partition("## Test accuracy")   # the protocol first: what it selected
+            # the protocol first: what it selected; the censored time to target after the first time table
+            head, table, rest = render(report, render_target(censored)).partition("## Test accuracy")
             text = "\n".join([head + "\n".join(render_protocol(report["protocol"])) + "\n" + table + rest,
                               *render_probes(report["probes"], probe_plots)])
             (files.dir / "report.md").write_text(text)

@@ -16,18 +16,19 @@ def _finite(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def time_to_target(metrics: list[dict], target: float) -> dict | None:
-    """Wall seconds, virtual seconds and samples at which test accuracy first reaches ``target``,
-    interpolated linearly between the two evaluations around it; None if it never does."""
+def time_to_target(metrics: list[dict], target: float, key: str = "test_acc") -> dict | None:
+    """Wall seconds, virtual seconds and samples at which test accuracy (``key``: another accuracy of
+    metrics.jsonl, e.g. ``val_acc``) first reaches ``target``, interpolated linearly between the two
+    evaluations around it; None if it never does."""
     prev = None
     for m in metrics:
-        acc = m.get("test_acc")
+        acc = m.get(key)
         if not _finite(acc) or not all(_finite(m.get(k)) for k in TIMES):
             continue
         if acc >= target:
             if prev is None:
                 return {k: m[k] for k in TIMES}
-            frac = (target - prev["test_acc"]) / (acc - prev["test_acc"])
+            frac = (target - prev[key]) / (acc - prev[key])
             return {k: prev[k] + frac * (m[k] - prev[k]) for k in TIMES}
         prev = m
     return None

@@ -282,8 +282,9 @@ def _time_cell(t: dict, k: str) -> str:
     return f"{cell(t[k], spec)}; {text}" if t["reached"] else text
 
 
-def render(rep: dict) -> str:
-    """report.md: what was compared, the tables, the plots, the notes."""
+def render(rep: dict, after_time=()) -> str:
+    """report.md: what was compared, the tables, the plots, the notes; ``after_time``: lines after the
+    time-to-target table (report_target.py's section)."""
     c, groups = rep["compared"], rep["groups"]
     axes, fixed = c["axes"], c["fixed"]
     seen = lambda k: fmt_value(fixed[k]) if k in fixed else f"varies ({', '.join(map(fmt_value, axes.get(k, [])))})"
@@ -318,6 +319,7 @@ def render(rep: dict) -> str:
     out += _table(["group", "wall s", "virtual s", "samples"],
                   [[g["label"], *(_time_cell(g["time_to_target"], k) for k in ("wall_s", "virtual_s", "samples"))]
                    for g in groups])
+    out += list(after_time)
     base, v = rep["baseline"]["algorithm"], rep["variant"]
     out += [f"## Temporal efficiency against {base} (variant: {v['used']})", "",
             "E(a, b) = ∫₀ᵐ f_a dt / ∫₀ᵐ f_b dt (Hermans et al.), m the shorter run's time, "
