@@ -1,7 +1,7 @@
 """The leaderboard of issue 20, from its protocol grids:
 ``python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md``.
 
-ROOT holds the twelve ``stalegrad grid`` directories of ``experiments/leaderboard.sh`` (or any grids with a
+ROOT holds the fourteen ``stalegrad grid`` directories of ``experiments/leaderboard.sh`` (or any grids with a
 ``[protocol]`` table). A grid is *finished* when grid.json has no cell pending, running, interrupted or
 waiting for stage 2 and ``report/report.json`` holds a protocol selected on validation accuracy; the
 others are skipped and named on the page. From each finished grid's report this script takes, per
@@ -48,7 +48,8 @@ from shared import fmt, table
 from stalegrad.study.stats import HOLDS, t_interval, verdict
 
 GRIDS = ("grad_asgd", "grad_sgd", "grad_dana", "grad_momentum", "grad_gap", "grad_sasgd", "commit_agn", "commit_outer",
-         "commit_downpour", "commit_agn_fashion", "commit_outer_fashion", "commit_downpour_fashion")
+         "commit_downpour", "commit_agn_fashion", "commit_outer_fashion", "commit_downpour_fashion",
+         "time_rules", "time_rules_ringmaster")   # (the last two: issue 41, added, not yet run)
 DATASETS = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "digits": "digits"}
 # A method whose rate range moved to a grid of its own (the protocol's no-edge rule): only that grid's rows
 # count; its first sweep stays on disk and is named on the page.
@@ -56,14 +57,16 @@ OWNER = {"gap-aware": "grad_gap"}
 ERA = {"sgd": "baseline", "ssgd": "baseline", "asgd": "baseline", "asgd-momentum": "baseline", "dcasgd-c": "2017", "dcasgd-a": "2017",
        "sasgd": "later", "gap-aware": "later", "dana-zero": "later", "dana-dc": "later",
        "aeasgd": "baseline", "dynsgd": "baseline", "downpour": "baseline", "agn": "2017",
-       "async-local-sgd": "later", "diloco": "later"}
+       "async-local-sgd": "later", "diloco": "later", "ringmaster": "later", "rennala": "later", "m-ssgd": "later"}
 PAPER_BASELINES = {"dcasgd-c": ("sgd", "ssgd", "asgd"), "dcasgd-a": ("sgd", "ssgd", "asgd"),
                    "agn": ("aeasgd", "dynsgd", "downpour")}
 # A staleness treatment against the same update without it: what the treatment itself adds (for DC-ASGD:
 # issue 18's RQ1, each variant on its own).
 CONTROLS = {"dcasgd-c": ("asgd",), "dcasgd-a": ("asgd",), "sasgd": ("asgd",), "gap-aware": ("asgd",),
             "dana-zero": ("asgd-momentum",),
-            "dana-dc": ("asgd-momentum", "dana-zero")}
+            "dana-dc": ("asgd-momentum", "dana-zero"),
+            # dropping stale gradients (issue 41): ringmaster against asgd, rennala and m-ssgd against ssgd
+            "ringmaster": ("asgd",), "rennala": ("ssgd",), "m-ssgd": ("ssgd",)}
 COMMIT = ("agn", "aeasgd", "dynsgd", "downpour", "easgd", "async-local-sgd", "diloco")
 SHARED = ("dataset", "model", "epochs", "batch_size", "partition", "val_split", "val_split_seed", "lr_milestones",
           "lr_gamma", "init", "local_opt", "hidden", "train_samples", "test_samples", "step_time", "eval_every")
@@ -364,7 +367,7 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
         tried.setdefault(e["algo"], set()).add(e["tried"])
     counts = ", ".join(f"`{n}` ({r['compared']['runs']})" for n, r in reports.items())
     out = ["# Leaderboard: every rule, tuned alike (issue 20)", "",
-           "```sh", "sh experiments/leaderboard.sh     # the twelve grids, then this page:",
+           "```sh", "sh experiments/leaderboard.sh     # the fourteen grids, then this page:",
            "python experiments/leaderboard.py runs/leaderboard --out docs/results/leaderboard.md \\", "  --notes experiments/leaderboard_cuts.md", "```", "",
            f"{len(reports)} grid(s), {runs} runs: {counts}."]
     if skipped:
@@ -408,8 +411,8 @@ def page(reports: dict, skipped: list, plot_name: str | None, notes: list[str] |
                 f"Summary: {tally(papers)}.", ""]
         if controls:
             out += ["Each staleness treatment against the same update without it (both DC-ASGD variants, sasgd, "
-                    "gap-aware: asgd; DANA: asgd with the same server momentum, and DANA-DC also against "
-                    "DANA-Zero):", "",
+                    "gap-aware, ringmaster: asgd; DANA: asgd with the same server momentum, and DANA-DC also against "
+                    "DANA-Zero; rennala, m-ssgd: ssgd):", "",
                     *table(controls, ["cell", "claim", "difference [95% t] (n), seeds", "verdict"]),
                     f"Summary: {tally(controls)}.", ""]
     return out

@@ -231,13 +231,13 @@ def test_memory_for_the_workers_copies_is_estimated_and_refused(monkeypatch):
 
 
 def test_a_trace_is_a_regular_file_of_bounded_size(tmp_path, monkeypatch):
-    from stalegrad.core import delays
+    from stalegrad.core import delays, traces
     trace = tmp_path / "t.csv"
     trace.write_text("worker\n" + "0\n1\n" * 100)
     assert delays.read_trace(trace).workers[:3] == [0, 1, 0]
     with pytest.raises(ConfigError, match="not a regular file"):
         delays.read_trace("/dev/zero")
-    monkeypatch.setattr(delays, "MAX_TRACE_BYTES", 100)
+    monkeypatch.setattr(traces, "MAX_TRACE_BYTES", 100)
     with pytest.raises(ConfigError, match="more than the"):
         delays.read_trace(trace)
 

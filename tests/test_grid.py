@@ -127,6 +127,8 @@ def test_every_experiment_file_validates(path, run):
                 "leaderboard_commit_agn": 8 * 2 * 3 * 2 * 4, "leaderboard_commit_agn_fashion": 8 * 2 * 3 * 2 * 4,
                 "leaderboard_commit_outer": 8 * 3 * 3 * 2 * 4, "leaderboard_commit_outer_fashion": 8 * 3 * 3 * 2 * 5,
                 "leaderboard_commit_downpour": 8 * 3 * 2 * 8, "leaderboard_commit_downpour_fashion": 8 * 3 * 2 * 8,
+                # issue 41's rules that drop stale gradients: 8 seeds x algos x 4 M x lr x 2 delays
+                "leaderboard_time_rules": 8 * 2 * 4 * 4 * 2, "leaderboard_time_rules_ringmaster": 8 * 1 * 4 * 5 * 2,
                 # issue 18's second pass: 8 seeds x 3 algos x 2 M x 4 lr x 2 delays; 8 x 3 x 2 x 4
                 "dcasgd_decisive_delays": 8 * 3 * 2 * 4 * 2, "dcasgd_decisive_momentum_cut": 8 * 3 * 2 * 4,
                 # issue 18's third pass: 8 seeds x algos x n x windows x lr; the agn-mlp cut: 3 seeds x 2 algos;

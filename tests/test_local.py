@@ -191,7 +191,10 @@ def test_cli_local_run_and_replay(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--runtime", "local", "--delay", "gamma:2"], "--delay applies to runtime sim"),
+    (["--runtime", "local", "--delay", "gamma:0"], "--delay 'gamma:0': SHAPE must be a number from 0.01"),
+    (["--runtime", "local", "--step-time", "0.01"], "--step-time paces the workers of a speed profile: give one"),
+    (["--runtime", "local", "--delay", "straggler:5", "--step-time", "-1"], "--step-time must be a finite number"),
+    (["--runtime", "local", "--delay", "trace:/nonexistent.csv"], "cannot read the trace"),
     (["--record-trace", "t.csv"], "--record-trace records a real run: use it with runtime local"),
     (["--threads-per-worker", "2"], "--threads-per-worker applies to runtime local only"),
     (["--runtime", "local", "--threads-per-worker", "0"], "--threads-per-worker"),

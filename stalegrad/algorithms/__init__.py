@@ -14,11 +14,13 @@ from .easgd import AEASGD, EASGD
 from .local_sgd import AsyncLocalSGD, DiLoCo
 from .penalised import GapAware, StalenessAwareASGD
 from .sgd import ASGD, SGD, SSGD
+from .time_rules import MSynchronousSGD, RennalaSGD, RingmasterASGD
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (SGD, SSGD, ASGD, DCASGDConstant, DCASGDAdaptive, AGN, Downpour, DynSGD, EASGD, AEASGD,
-                StalenessAwareASGD, GapAware, DANAZero, DANADC, DiLoCo, AsyncLocalSGD, DCASGDAdaptiveScrambled)
+                StalenessAwareASGD, GapAware, DANAZero, DANADC, DiLoCo, AsyncLocalSGD, DCASGDAdaptiveScrambled,
+                RingmasterASGD, RennalaSGD, MSynchronousSGD)
 }
 
 
@@ -68,4 +70,4 @@ def make_algorithm(name: str, **params) -> Algorithm:
 __all__ = ["ALGORITHMS", "make_algorithm", "Algorithm", "GradientAlgorithm", "CommitAlgorithm",
            "SGD", "SSGD", "ASGD", "DCASGDConstant", "DCASGDAdaptive", "AGN", "Downpour", "DynSGD",
            "EASGD", "AEASGD", "AccumulatedCommit", "StalenessAwareASGD", "GapAware", "DANAZero", "DANADC",
-           "DiLoCo", "AsyncLocalSGD"]
+           "DiLoCo", "AsyncLocalSGD", "RingmasterASGD", "RennalaSGD", "MSynchronousSGD"]

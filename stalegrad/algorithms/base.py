@@ -24,7 +24,18 @@ Server side
         torch.optim.SGD's ``param.add_(buf, alpha=-lr)``); ``t`` may be the
         message itself, ``out`` or a state tensor, and is not modified
     ``round_delta(state, w, msgs, lr, out)``
-        the same for synchronous rules, given one message per live worker
+        the same for synchronous rules, given one message per member of the round
+    ``server_delta`` may also return ``HELD``: the rule took the message into its state and
+        steps later (Rennala SGD sums B gradients): no update, no version, and the message's
+        (worker, tau) is logged with the step that uses it
+
+Admission and rounds (pure in their arguments: a sharded server's driver asks them too)
+    ``admits(worker, tau, num_workers)``      -> whether the server takes a message computed tau
+        updates ago (default: every one); one it refuses is dropped, its samples still spent
+    ``round_complete(sent, live, num_workers)`` -> synchronous rules: whether the open round,
+        ``sent`` of the ``live`` workers in it, closes (default: every live worker sent)
+    ``stop_threshold(num_workers)``           -> None, or the staleness at which the simulator
+        stops a worker's computation and starts it again at the current weights
 
 The server checks the amount for NaN/Inf (``t`` and the overflow of ``s * t``)
 before adding it, so a rule never needs to guard its own arithmetic. Rules
@@ -43,6 +54,9 @@ from . import fused
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+# What ``server_delta`` returns when it took the message into the rule's state and steps later.
+HELD = "held"
 
 # grad_fn(weights) -> (mini-batch loss, flat gradient). The gradient tensor may
 # be a view of a buffer that the next call overwrites: consume it first.
@@ -152,6 +166,23 @@ class Algorithm:
                     out: Tensor) -> "tuple[Tensor, float] | None":
         """As server_delta, for a synchronous round's messages (one per live worker)."""
         raise NotImplementedError(f"{self.name} is asynchronous: use server_delta")
+
+    def admits(self, worker: int, tau: int, num_workers: int) -> bool:
+        """Whether the server takes ``worker``'s message, computed ``tau`` updates ago. One it refuses is
+        dropped: weights, version and rule state unchanged, counted in ``updates_dropped``. A function of
+        its arguments and the hyper-parameters only: the driver of sharded servers asks it too."""
+        return True
+
+    def round_complete(self, sent: int, live: int, num_workers: int) -> bool:
+        """Synchronous rules: whether the open round closes, ``sent`` of the ``live`` workers having a
+        message in it (a NaN/Inf one counts as sent). Default: every live worker."""
+        return sent >= live
+
+    def stop_threshold(self, num_workers: int) -> int | None:
+        """None, or the staleness (updates since its pull) at which the simulator stops a worker's
+        computation and starts it again at the current weights (``--stops on``: Ringmaster ASGD's
+        Algorithm 5; Rennala SGD's "stop all the workers' calculations")."""
+        return None
 
     def fused_apply(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
                     old: Tensor) -> bool | None:

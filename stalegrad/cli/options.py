@@ -99,11 +99,13 @@ def run_options(f):
         click.option("--lr-milestones", callback=_csv_floats, default=None,
                      help="step decay: epochs at which lr is multiplied by --lr-gamma, e.g. 80,120"),
         click.option("--lr-gamma", type=float, default=0.1, show_default=True),
-        click.option("--delay", default=None,   # None: not given (refused with runtime local or ray when given)
-                     help="simulator delay model: " + ", ".join(DELAY_MODELS) + " (docs/delays.md; "
-                          f"round-robin is the lockstep stress test, formerly 'uniform')  [default: {DEFAULT_DELAY}]"),
-        click.option("--step-time", type=float, default=1.0, show_default=True,
-                     help="virtual seconds of one local step of a speed-1 worker"),
+        click.option("--delay", default=None, help="speed profile: " + ", ".join(DELAY_MODELS) + " (docs/delays.md): "
+                     "the simulator's clock; local and ray workers wait out each message's drawn time  [default: sim "
+                     f"{DEFAULT_DELAY}; local, ray: none]"),
+        click.option("--step-time", type=float, default=None, help="seconds of one local step of a speed-1 worker "
+                     "(virtual in sim)  [default: sim 1.0; local, ray: sized from one measured step]"),
+        click.option("--message-time", type=float, default=None, help="--runtime sim: virtual seconds each message "
+                     "adds to its computation, a real run's transport (docs/delays.md)  [default: 0]"),
         click.option("--vectorised", is_flag=True,
                      help="--runtime sim: compute the gradients (or, commit rules, the windows) of waiting "
                           "workers as one batched computation (see docs/performance.md)"),
@@ -337,7 +339,7 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
                      probe_every=p.get("probe_every", 0), val_split=p.get("val_split") or 0, extra=extra).validate()
 
 
-SIM_ONLY = (("delay", None), ("step_time", 1.0), ("vectorised", False), ("threads", None))
+SIM_ONLY = (("vectorised", False), ("threads", None), ("message_time", None))
 LOCAL_ONLY = ("threads_per_worker", "worker_timeout")
 RAY_ONLY = (("address", None), ("ps_shards", 1), ("cpus_per_worker", 1.0), ("gpus_per_worker", 0.0),
             ("connect_timeout", None), ("restart_timeout", None), ("same_node_socket", True))
@@ -355,7 +357,10 @@ def warn_once(line: str) -> None:
 
 def build_runtime(p: dict):
     """The runtime that --runtime names, with its options (flags of another runtime are refused)."""
-    runtime = p["runtime"]
+    runtime, delay = p["runtime"], p.get("delay")   # a speed profile in every runtime
+    if renamed_delay(delay) is not None:
+        warn_once(f"stalegrad: warning: {deprecation(delay)}")
+        delay = renamed_delay(delay)
     if runtime != "sim" and p.get("probe_every"):
         raise ConfigError("probe_every", f"applies to runtime sim: only the simulator can recompute a stale gradient "
                                          f"at the server's weights; runtime {runtime} cannot")
@@ -365,8 +370,7 @@ def build_runtime(p: dict):
                                          "with --threads-per-worker, those of runtime ray with --cpus-per-worker")
         for name, default in SIM_ONLY:
             if p.get(name, default) != default:
-                raise ConfigError(name, f"applies to runtime sim; runtime {runtime} measures real delays (record "
-                                        "them with --record-trace FILE, replay them with --runtime sim --delay trace:FILE)")
+                raise ConfigError(name, f"applies to runtime sim only: runtime {runtime}'s workers are real processes")
     if runtime != "local":
         for name in LOCAL_ONLY:
             if p.get(name) is not None:
@@ -379,21 +383,18 @@ def build_runtime(p: dict):
         from ..runtimes.local import LocalRuntime
         timeout = {} if p.get("worker_timeout") is None else {"worker_timeout": p["worker_timeout"]}
         return LocalRuntime(threads_per_worker=p.get("threads_per_worker"), record_trace=p.get("record_trace"),
-                            **timeout)
+                            delay=delay, step_time=p.get("step_time"), **timeout)
     if runtime == "ray":
         from ..runtimes.ray import RayRuntime
         timeouts = {k: p[k] for k in ("connect_timeout", "restart_timeout") if p.get(k) is not None}
         return RayRuntime(address=p.get("address"), ps_shards=p.get("ps_shards", 1),
                           cpus_per_worker=p.get("cpus_per_worker", 1.0), gpus_per_worker=p.get("gpus_per_worker", 0.0),
                           record_trace=p.get("record_trace"), same_node_socket=p.get("same_node_socket", True),
-                          **timeouts)
+                          delay=delay, step_time=p.get("step_time"), **timeouts)
     if p.get("record_trace") is not None:
         raise ConfigError("record_trace", "records a real run: use it with runtime local or ray "
                                           "(runtime sim replays a recorded trace with --delay trace:FILE)")
     from ..runtimes.sim import Simulator
-    delay = DEFAULT_DELAY if p.get("delay") is None else p["delay"]
-    if renamed_delay(delay) is not None:
-        warn_once(f"stalegrad: warning: {deprecation(delay)}")
-        delay = renamed_delay(delay)
-    return Simulator(delay=delay, step_time=p["step_time"], vectorised=bool(p.get("vectorised")),
-                     threads=p.get("threads"))
+    step_time = 1.0 if p.get("step_time") is None else p["step_time"]
+    return Simulator(delay=DEFAULT_DELAY if delay is None else delay, step_time=step_time, threads=p.get("threads"),
+                     vectorised=bool(p.get("vectorised")), message_time=p.get("message_time") or 0.0)

@@ -93,8 +93,9 @@ def warn_if_diverged(result) -> None:
 
 def summary_line(name: str, res, out: Path) -> str:
     s = res.summary
+    dropped = f" ({s['updates_dropped']} messages dropped)" if s.get("updates_dropped") else ""
     return (f"{name} x{s['workers']}: test acc {s['final_test_acc']:.4f} (best {s['best_test_acc']:.4f}), "
-            f"tau mean {s['tau_mean']:.2f} max {s['tau_max']}, {s['updates']} updates, "
+            f"tau mean {s['tau_mean']:.2f} max {s['tau_max']}, {s['updates']} updates{dropped}, "
             f"{s['virtual_s']:.1f} virtual s, {s['wall_s']:.1f} s wall -> {out}")
 
 

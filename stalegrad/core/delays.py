@@ -1,25 +1,33 @@
-"""Delay models of the simulator: how long each worker computes.
+"""Speed profiles (delay models): how long each worker's steps take.
 
-A model gives the virtual duration of one local step of a worker; the
-simulator multiplies it by the steps in a message and by ``step_time``.
-All randomness comes from the ``random.Random`` the simulator passes in, so a
+A model gives the duration of one message of a worker, ``duration(worker, rng, now, base)``: ``base`` is
+``step_time`` x the message's local steps, ``now`` the second the message starts at. The simulator reads it
+as its virtual clock; the local and Ray runtimes make it real (``core/pacing.py``: a worker waits out the drawn
+time beyond its measured compute), so one profile is one cluster in every runtime. Three kinds:
+
+- constant per worker: ``heterogeneous:sqrt|linear``, ``straggler:K``, ``round-robin``;
+- random per message: ``exponential``, ``gamma:SHAPE``, the heavy-tailed ``lognormal:SIGMA``;
+- changing in time: ``slowdown:K@T`` (the last worker K times slower from second T), ``pause:D@T`` (the last
+  worker stops for D seconds at second T);
+
+and ``trace:FILE``, a recorded run. All randomness comes from the ``random.Random`` the caller passes in, so a
 seed fixes the whole schedule.
 """
 from __future__ import annotations
 
-import csv
 import math
-import os
 import random
-import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from . import traces
+from .traces import TRACE_COLUMNS, write_trace   # noqa: F401 (their home before 0.5)
 
 
-DELAY_MODELS = ("exponential", "gamma:SHAPE", "heterogeneous:sqrt|linear", "straggler:K", "round-robin", "trace:FILE")
+DELAY_MODELS = ("exponential", "gamma:SHAPE", "lognormal:SIGMA", "heterogeneous:sqrt|linear", "straggler:K",
+                "slowdown:K@T", "pause:D@T", "round-robin", "trace:FILE")
 # The simulator's default (Simulator, the CLI, TOML, grids): docs/delays.md has the traces it was chosen from.
 DEFAULT_DELAY = "gamma:2"
 # The parameters a model accepts, checked when the spec is parsed (``parse_delay``: the CLI, TOML files, grids'
@@ -35,8 +43,14 @@ DEFAULT_DELAY = "gamma:2"
 #   the virtual clock (now + K*step_time == now); past 1e12 it never pushes in any run this simulator can make
 #   (check_clock bounds the clock's overflow besides).
 # exponential, round-robin and heterogeneous take no number; a trace's worker ids are checked in read_trace.
+# - lognormal SIGMA in [0.01, 3]: exp(SIGMA*Z - SIGMA^2/2), mean 1, the heavy tail of shared clusters (a few steps
+#   many times the median). At 3 the median step is 0.011 of the mean and one in 1000 is 60 times it; past that
+#   almost all the time is in a handful of draws.
+# - slowdown K in [1, 1e12] (as straggler's K), from second T in [0, 1e12]; pause D and T in [0, 1e12] seconds.
 GAMMA_SHAPES = (0.01, 1e6)
 STRAGGLER_SLOWDOWNS = (1.0, 1e12)
+LOGNORMAL_SIGMAS = (0.01, 3.0)
+SECONDS = (0.0, 1e12)
 # Old names, accepted for one release with a one-line deprecation message: old -> new.
 RENAMED_DELAYS = {"uniform": "round-robin"}
 
@@ -55,10 +69,21 @@ class DelayModel:
     spec = ""
 
     def factor(self, worker: int, rng: random.Random) -> float:
+        """The message's duration in units of ``base`` (one draw for the random models)."""
         raise NotImplementedError
+
+    def duration(self, worker: int, rng: random.Random, now: float, base: float) -> float:
+        """Seconds that a message of ``worker`` starting at second ``now`` takes, ``base`` being step_time x
+        its local steps. Models that change in time override it; the others scale ``base``."""
+        return base * self.factor(worker, rng)
 
     def longest(self, num_workers: int) -> float:
         """A bound on ``factor`` (for the random models, one no draw exceeds in practice: e^-40)."""
+        return 1.0
+
+    def fastest(self, worker: int) -> float:
+        """The smallest mean ``factor`` of ``worker`` at any time (1 for the random models, whose mean is 1):
+        what the local and Ray runtimes size an automatic step time by."""
         return 1.0
 
 
@@ -116,6 +141,9 @@ class Heterogeneous(DelayModel):
     def longest(self, num_workers):
         return self.factor(num_workers - 1, None)
 
+    def fastest(self, worker):
+        return self.factor(worker, None)
+
 
 @dataclass
 class Straggler(DelayModel):
@@ -132,6 +160,78 @@ class Straggler(DelayModel):
 
     def longest(self, num_workers):
         return max(1.0, self.slowdown)
+
+    def fastest(self, worker):
+        return self.factor(worker, None)
+
+
+@dataclass
+class LogNormal(DelayModel):
+    """i.i.d. heavy-tailed compute times, exp(sigma*Z - sigma^2/2) with Z standard normal: mean 1, median
+    exp(-sigma^2/2); the tail of shared machines, where a few steps take many times the median."""
+    sigma: float = 1.0
+    spec: str = ""
+
+    def __post_init__(self):
+        _check_bounds(self.sigma, self.spec or f"lognormal:{self.sigma!r}", "SIGMA", LOGNORMAL_SIGMAS)
+
+    def factor(self, worker, rng):
+        return rng.lognormvariate(-0.5 * self.sigma ** 2, self.sigma)
+
+    def longest(self, num_workers):
+        return math.exp(-0.5 * self.sigma ** 2 + 9.0 * self.sigma)   # 9 standard deviations: e^-40 of the draws
+
+
+@dataclass
+class Slowdown(DelayModel):
+    """Equal speeds until second ``at``; from then on the last worker is ``slowdown`` times slower (a
+    machine that another job starts sharing). The factor is the one at the message's start."""
+    slowdown: float = 10.0
+    at: float = 0.0
+    num_workers: int = 1
+    spec: str = ""
+
+    def __post_init__(self):
+        shown = self.spec or f"slowdown:{self.slowdown!r}@{self.at!r}"
+        _check_bounds(self.slowdown, shown, "K", STRAGGLER_SLOWDOWNS)
+        _check_bounds(self.at, shown, "T", SECONDS)
+
+    def factor(self, worker, rng):   # (after the change; duration() is what the runtimes read)
+        return self.slowdown if worker == self.num_workers - 1 else 1.0
+
+    def duration(self, worker, rng, now, base):
+        return base * self.slowdown if worker == self.num_workers - 1 and now >= self.at else base
+
+    def longest(self, num_workers):
+        return max(1.0, self.slowdown)
+
+
+@dataclass
+class Pause(DelayModel):
+    """Equal speeds, except that the last worker stops for ``seconds`` at second ``at`` (a pre-empted or
+    swapping machine): a message under way at ``at`` ends ``seconds`` later, one that would start during the
+    pause starts when it ends."""
+    seconds: float = 10.0
+    at: float = 0.0
+    num_workers: int = 1
+    spec: str = ""
+
+    def __post_init__(self):
+        shown = self.spec or f"pause:{self.seconds!r}@{self.at!r}"
+        _check_bounds(self.seconds, shown, "D", SECONDS)
+        _check_bounds(self.at, shown, "T", SECONDS)
+
+    def factor(self, worker, rng):
+        return 1.0
+
+    def duration(self, worker, rng, now, base):
+        end = self.at + self.seconds
+        if worker == self.num_workers - 1 and now < end and now + base > self.at:
+            return base + end - max(now, self.at)
+        return base
+
+    def longest(self, num_workers):
+        return 1.0 + self.seconds   # in steps of 1 s and more; check_clock bounds it, not its exact value
 
 
 @dataclass
@@ -196,76 +296,10 @@ def _bad(spec: str, problem: str) -> ConfigError:
     return ConfigError("delay", f"{spec!r}: {problem}")
 
 
-TRACE_COLUMNS = ("worker", "pulled", "applied", "wall_s")
-
-
-def write_trace(path: str | Path, rows) -> None:
-    """Write pushes ``(worker, pulled version, applied version, wall seconds)`` as a trace CSV,
-    atomically (a temporary file renamed into place; none is left behind on an OSError)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", newline="") as f:
-            out = csv.writer(f)
-            out.writerow(TRACE_COLUMNS)
-            for m, pulled, applied, t in rows:
-                out.writerow([m, pulled, applied, f"{t:.6f}"])
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-# A push is one short CSV line (~30 bytes): this is millions of pushes, and what a run can hold in memory.
-MAX_TRACE_BYTES = 256 * 2**20
-
-
 def read_trace(path: str | Path) -> Trace:
-    path = Path(path)
-    spec = f"trace:{path}"
-    try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):   # /dev/zero, a FIFO, a directory: nothing a recording writes
-            raise _bad(spec, "not a regular file; a trace is a CSV written by --record-trace")
-        if info.st_size > MAX_TRACE_BYTES:
-            raise _bad(spec, f"the trace is {info.st_size / 2**20:.0f} MiB, more than the {MAX_TRACE_BYTES >> 20} "
-                             "MiB a trace may have; keep the pushes you need")
-        with open(path, "rb") as f:   # read no more than the limit, should the file grow meanwhile
-            text = f.read(MAX_TRACE_BYTES + 1).decode()
-        if len(text) > MAX_TRACE_BYTES:
-            raise _bad(spec, f"the trace grew past the {MAX_TRACE_BYTES >> 20} MiB a trace may have")
-    except OSError as e:
-        raise _bad(spec, f"cannot read the trace ({e.strerror}); record one with "
-                         "'stalegrad train --runtime local --record-trace FILE'") from None
-    except UnicodeDecodeError:
-        raise _bad(spec, "not a text file; a trace is a CSV written by --record-trace") from None
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise _bad(spec, "the trace is empty")
-    try:
-        if lines[0].strip().lstrip("-").isdigit():   # bare worker ids, one a line: checked as the CSV's are
-            workers, pulled, wall = [int(ln) for ln in lines], None, None
-        else:
-            rows = list(csv.DictReader(lines))
-            header = next(csv.reader(lines[:1]))
-            if "worker" not in header:
-                raise ValueError(f"its header {','.join(header)!r} has no 'worker' column")
-            if not rows:
-                raise _bad(spec, "the trace has a header but no pushes; record a run with --record-trace")
-            workers = [int(r["worker"]) for r in rows]
-            pulled = [int(r["pulled"]) for r in rows] if "pulled" in header else None
-            wall = [float(r["wall_s"]) for r in rows] if "wall_s" in header else None
-    except ConfigError:
-        raise
-    except (ValueError, TypeError, KeyError, csv.Error) as e:
-        raise _bad(spec, f"malformed trace ({e}); expected a CSV with columns "
-                         "worker[,pulled,applied,wall_s] or one worker id per line") from None
-    negative = next((i for i, w in enumerate(workers) if w < 0), None)
-    if negative is not None:   # (-1 would index the last worker, -5 past the first: refused in either form)
-        raise _bad(spec, f"push {negative + 1} names worker {workers[negative]}; worker ids count from 0")
-    if wall is not None and not all(math.isfinite(t) for t in wall):
-        raise _bad(spec, "a wall_s value is not a finite number")
-    return Trace(path=path, workers=workers, pulled=pulled, wall_s=wall, spec=spec)
+    """A trace CSV (``traces.read``) as a delay model; ConfigError naming ``delay`` on a bad file."""
+    workers, pulled, wall = traces.read(path, lambda problem: _bad(f"trace:{path}", problem))
+    return Trace(path=Path(path), workers=workers, pulled=pulled, wall_s=wall, spec=f"trace:{path}")
 
 
 def parse_delay(spec: str, num_workers: int) -> DelayModel:
@@ -290,6 +324,18 @@ def parse_delay(spec: str, num_workers: int) -> DelayModel:
     if name == "straggler":
         k = _bounded_float(arg, spec, "K", STRAGGLER_SLOWDOWNS)
         return Straggler(slowdown=k, num_workers=num_workers, spec=spec)
+    if name == "lognormal":
+        return LogNormal(sigma=_bounded_float(arg, spec, "SIGMA", LOGNORMAL_SIGMAS), spec=spec)
+    if name in ("slowdown", "pause"):
+        first, at_sign, at = arg.partition("@")
+        if not at_sign:
+            raise _bad(spec, f"{name} takes {'K' if name == 'slowdown' else 'D'}@T (T in seconds), e.g. {_EXAMPLE[name]}")
+        when = _bounded_float(at, spec, "T", SECONDS)
+        if name == "slowdown":
+            k = _bounded_float(first, spec, "K", STRAGGLER_SLOWDOWNS)
+            return Slowdown(slowdown=k, at=when, num_workers=num_workers, spec=spec)
+        d = _bounded_float(first, spec, "D", SECONDS)
+        return Pause(seconds=d, at=when, num_workers=num_workers, spec=spec)
     if name == "trace":
         if not arg:
             raise _bad(spec, "a trace needs a file: trace:FILE")
@@ -313,8 +359,9 @@ def _check_bounds(v, spec: str, what: str, bounds: tuple[float, float]) -> float
     low, high = bounds
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:   # (NaN fails too)
         name = spec.split(":")[0]
-        raise _bad(spec, f"{what} must be a number from {low:g} to {high:g}, e.g. {name}:{_EXAMPLE[name]}")
+        raise _bad(spec, f"{what} must be a number from {low:g} to {high:g}, e.g. {_EXAMPLE[name]}")
     return float(v)
 
 
-_EXAMPLE = {"gamma": 2, "straggler": 10}
+_EXAMPLE = {"gamma": "gamma:2", "straggler": "straggler:10", "lognormal": "lognormal:1",
+            "slowdown": "slowdown:4@30", "pause": "pause:10@30"}

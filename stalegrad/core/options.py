@@ -30,6 +30,15 @@ def parse_partition(partition) -> tuple[str, int]:
                                    f"(the thesis's layout: replicate:11), got {partition!r}")
 
 
+def check_stops(algorithm: Algorithm, workers: int, runtime) -> None:
+    """A rule told to stop late computations (``stops on``: ``Algorithm.stop_threshold``) needs a runtime that
+    can (``supports_stops``: the simulator); ConfigError otherwise."""
+    if algorithm.stop_threshold(workers) is not None and not getattr(runtime, "supports_stops", False):
+        raise ConfigError("stops", f"is on, which needs the simulator (runtime sim): it alone can stop a worker "
+                                   f"mid-computation; runtime {runtime.describe().get('name')} cannot (give stops "
+                                   f"off: its late messages are then dropped by the server)")
+
+
 def probe_kind(algorithm: Algorithm) -> str | None:
     """What the simulator's probes measure of ``algorithm``: 'gradient' (one gradient at the pulled
     weights, applied asynchronously), 'commit' (an accumulated commit), or None (not measured)."""

@@ -10,15 +10,16 @@ from __future__ import annotations
 import math
 import struct
 from array import array
-from collections import Counter
 
 import torch
 from torch import Tensor
 
 from . import server_checks as check
 from ..algorithms import Algorithm, fused
+from ..algorithms.base import HELD
 from ..errors import ConfigError, RunError, UsageError
 from .options import ON_NONFINITE
+from .staleness import StalenessLog
 
 # Element-wise rules (see algorithms.base.elementwise) on vectors of at least
 # CHUNK_ABOVE elements run on the CPU in chunks of CHUNK elements (1 MiB of
@@ -33,44 +34,6 @@ CHUNK_ABOVE = 1 << 22
 
 class NonFiniteError(RunError):
     """A NaN or Inf message or update under ``on_nonfinite='stop'``."""
-
-
-class StalenessLog:
-    """tau of every applied update, per worker, in order (compact int arrays)."""
-
-    def __init__(self, num_workers: int):
-        self.workers = array("i")
-        self.taus = array("i")
-        self.num_workers = num_workers
-
-    def record(self, worker: int, tau: int) -> None:
-        self.workers.append(worker)
-        self.taus.append(tau)
-
-    @property
-    def mean(self) -> float:
-        return sum(self.taus) / len(self.taus) if self.taus else 0.0
-
-    def summary(self) -> dict:
-        taus, workers = self.taus, self.workers
-        hist = Counter(taus)
-        count = [0] * self.num_workers
-        total = [0] * self.num_workers
-        peak: list[int | None] = [None] * self.num_workers
-        for w, t in zip(workers, taus):
-            count[w] += 1
-            total[w] += t
-            peak[w] = t if peak[w] is None or t > peak[w] else peak[w]
-        per_worker = [{"worker": m, "updates": count[m],
-                       "tau_mean": total[m] / count[m] if count[m] else None, "tau_max": peak[m]}
-                      for m in range(self.num_workers)]
-        return {
-            "updates": len(taus),
-            "tau_mean": sum(taus) / len(taus) if taus else 0.0,
-            "tau_max": max(taus) if taus else 0,
-            "histogram": {str(t): hist[t] for t in sorted(hist)},
-            "per_worker": per_worker,
-        }
 
 
 class ParameterServer:
@@ -98,6 +61,10 @@ class ParameterServer:
         self.round: dict[int, Tensor | None] = {}   # synchronous algorithms: this round's messages
         self.staleness = StalenessLog(num_workers)
         self.nonfinite_skipped = 0
+        self.last_dropped = False   # whether the last push was refused by the rule (Algorithm.admits)
+        # the rule's admission, or None when it takes every message (one call fewer on the hot path)
+        self._admits = None if type(algorithm).admits is Algorithm.admits else algorithm.admits
+        self.held: list[tuple[int, int]] = []   # (worker, tau) of messages a rule took in, logged with its step
         self._delta = torch.empty_like(self.w)
         self._pending = None   # (steps, finite, what, records, undo) between prepare and commit
 
@@ -152,6 +119,11 @@ class ParameterServer:
             worker, lr = check.push(worker, msg, lr, self.w, self.num_workers, "ParameterServer.push")
         self._pending = None
         tau = self.version - self.pulled_version[worker]
+        if self._admits is not None and not self._admits(worker, tau, self.num_workers):
+            self.last_dropped = True   # refused whole: nothing changes but the count
+            self.staleness.dropped[worker] += 1
+            return False, False
+        self.last_dropped = False
         span = self._extremes(msg)
         finite = math.isfinite(span[0]) and math.isfinite(span[1])
         if message_finite is not None:
@@ -170,12 +142,15 @@ class ParameterServer:
         ok = self._prepare_update(lambda state, w, g, out: rule(state, w, worker, g, tau, lr, out),
                                   getattr(rule, "elementwise", False), msg, span, f"update from worker {worker}",
                                   [(worker, tau)])
+        if ok is None:   # held: the rule took it into its state, and steps later
+            return False, True
         return True, ok
 
     def prepare_removal(self, worker: int, lr: float = 0.0) -> tuple[bool, bool]:
         """Phase one of ``remove_worker``: (pending, finite) as ``prepare``."""
         worker = check.worker_id(worker, self.num_workers, "ParameterServer.remove_worker")
         self._pending = None
+        self.last_dropped = False
         self.live.discard(worker)
         self.round.pop(worker, None)
         return self._prepare_round(lr) if self.algorithm.synchronous else (False, False)
@@ -212,6 +187,16 @@ class ParameterServer:
     def round_open(self) -> bool:
         return bool(self.round)
 
+    def waiting(self, worker: int) -> bool:
+        """Whether ``worker``'s message sits in the open synchronous round: it waits for the round to close
+        (one the rule dropped, e.g. m-ssgd's late straggler, does not: it starts again at once)."""
+        return worker in self.round
+
+    @property
+    def updates_dropped(self) -> int:
+        """Messages the rule refused (``Algorithm.admits``), all workers; ``staleness.dropped``: per worker."""
+        return sum(self.staleness.dropped)
+
     # ---- checkpoints ------------------------------------------------------------
     def state_dict(self, algorithm_state: bool = True) -> dict:
         """Everything needed to continue exactly where the server is; without the (large)
@@ -220,11 +205,12 @@ class ParameterServer:
             "w": self.w, "version": self.version, "pulled_version": list(self.pulled_version),
             "live": sorted(self.live),
             "staleness": {"workers": torch.tensor(self.staleness.workers, dtype=torch.int32),
-                          "taus": torch.tensor(self.staleness.taus, dtype=torch.int32)},
+                          "taus": torch.tensor(self.staleness.taus, dtype=torch.int32),
+                          "dropped": torch.tensor(self.staleness.dropped, dtype=torch.int64)},
             "nonfinite_skipped": self.nonfinite_skipped,
         }
         if algorithm_state:
-            sd.update(state=self.state, round=dict(self.round))
+            sd.update(state=self.state, round=dict(self.round), held=[list(r) for r in self.held])
         return sd
 
     def load_state_dict(self, sd: dict, strict: bool = True) -> None:
@@ -239,11 +225,14 @@ class ParameterServer:
         self.live = set(sd["live"])
         self.staleness.workers = array("i", sd["staleness"]["workers"].tolist())
         self.staleness.taus = array("i", sd["staleness"]["taus"].tolist())
+        dropped = sd["staleness"].get("dropped")   # (checkpoints before issue 41 have none: nothing dropped)
+        self.staleness.dropped = [0] * self.num_workers if dropped is None else [int(d) for d in dropped.tolist()]
         self.nonfinite_skipped = int(sd["nonfinite_skipped"])
         if strict or "state" in sd:
             self.state = to_device(sd["state"], device)
         if strict or "round" in sd:
             self.round = {int(m): (None if g is None else g.to(device)) for m, g in sd["round"].items()}
+            self.held = [(int(m), int(tau)) for m, tau in sd.get("held", [])]
 
     # ---- internals ------------------------------------------------------------
     def _prepare_fused(self, worker: int, msg: Tensor, tau: int, lr: float) -> bool:
@@ -261,7 +250,9 @@ class ParameterServer:
         return True
 
     def _prepare_round(self, lr: float) -> tuple[bool, bool]:
-        if not self.live or not self.live.issubset(self.round):
+        live = self.live
+        if not live or not self.algorithm.round_complete(len(live.intersection(self.round)), len(live),
+                                                          self.num_workers):
             return False, False
         msgs = {m: g for m, g in sorted(self.round.items()) if g is not None}
         self.round.clear()
@@ -279,7 +270,9 @@ class ParameterServer:
         The rule writes the update into ``out`` (and returns None) or returns
         ``(t, s)`` for the update ``s*t``. ``msg`` is the message (or the dict
         of a round's messages); ``span`` its (min, max), known finite, when it
-        is one tensor. Returns whether the update is finite.
+        is one tensor. Returns whether the update is finite, or None when a rule that is
+        not element-wise returned ``HELD``: it took the message into its state, and the
+        message's records wait for its step.
 
         An element-wise rule on the CPU runs on chunks of ``CHUNK`` elements of
         everything (weights, messages, state, ``out``), each chunk checked while
@@ -289,7 +282,13 @@ class ParameterServer:
         delta, w = self._delta, self.w
         n = delta.numel()
         if not elementwise or delta.device.type != "cpu" or delta.dim() != 1 or n < CHUNK_ABOVE:
-            t, s = self._step(rule(self.state, w, msg, delta), delta)
+            result = rule(self.state, w, msg, delta)
+            if result is HELD:
+                self.held.extend(records)
+                return None
+            if self.held:   # the messages the step uses are logged with it
+                records, self.held = self.held + records, []
+            t, s = self._step(result, delta)
             finite = self._scaled_finite(t, s, span if t is msg else None)
             self._pending = ([(None, None, t, s)], finite, what, records, None)
             return finite

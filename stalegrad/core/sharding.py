@@ -20,9 +20,15 @@ and the staleness log. The design that makes it agree:
 
 So after every call each shard holds the same version, the same
 ``pulled_version`` and the same staleness log, and a message sees the same tau
-on every shard. ``tests/test_sharding.py`` drives K shards and one server with
-the same calls and checks equal weights, versions and logs for every algorithm,
-including NaN messages and updates that overflow in one shard only.
+on every shard. A rule's admission (``Algorithm.admits``: a dropped message),
+its rounds (``round_complete``) and its held messages (``server_delta``
+returning ``HELD``: Rennala SGD) depend only on tau, the round's members and
+the calls, so every shard drops, holds and closes alike; the driver's
+``ShardedServer`` asks the same pure hooks to mirror them.
+``tests/test_sharding.py`` drives K shards and one server with the same calls
+and checks equal weights, versions and logs for every algorithm, including NaN
+messages and updates that overflow in one shard only (``tests/test_time_rules.py``:
+dropped and held messages, on random schedules).
 
 ``ShardedServer`` is the driver's side, independent of transport: ``call``
 runs one method on every shard (in this process for tests, on Ray actors in
@@ -38,6 +44,7 @@ import torch
 from torch import Tensor
 
 from . import server_checks as check
+from ..algorithms import Algorithm
 from .server import ParameterServer, StalenessLog
 
 # call(method, per-shard argument tuples) -> per-shard results
@@ -106,8 +113,11 @@ class ShardedServer:
     """
 
     def __init__(self, call: Call, shards: int, num_workers: int, synchronous: bool,
-                 sizes: Sequence[int] | None = None):
+                 sizes: Sequence[int] | None = None, algorithm: Algorithm | None = None):
+        """``algorithm``: the shards' rule, whose pure hooks (``admits``, ``round_complete``) the mirror asks;
+        None: a rule that takes every message and closes a round when every live worker sent."""
         self.call, self.shards, self.synchronous = call, shards, synchronous
+        self.algorithm = Algorithm() if algorithm is None else algorithm
         self.num_workers = num_workers
         self.sizes = None if sizes is None else tuple(sizes)
         self.version = 0
@@ -115,6 +125,8 @@ class ShardedServer:
         self.live = set(range(num_workers))
         self.round: dict[int, bool] = {}   # synchronous rules: this round's senders, and whether their message was finite
         self.staleness = StalenessLog(num_workers)
+        self.held: list[tuple[int, int]] = []   # (worker, tau) of messages the rule holds for its next step
+        self.last_dropped = False
 
     def pull(self, worker: int) -> list:
         """Every shard's slice of the weights for ``worker`` (what ``call`` returns: tensors or references)."""
@@ -132,12 +144,22 @@ class ShardedServer:
         check.slices(slices, self.shards, self.sizes, "ShardedServer.push")
         tau = self.version - self.pulled_version[worker]
         results = self.call("prepare", [(worker, s, lr, message_finite) for s in slices])
+        self.last_dropped = not self.algorithm.admits(worker, tau, self.num_workers)
+        if self.last_dropped:   # every shard refused it too (pending False): nothing to commit
+            self.staleness.dropped[worker] += 1
+            if any(bool(p) for p, _ in results):
+                raise RuntimeError(f"the server shards took a message that the rule drops: {results}")
+            return False
         if self.synchronous:
             self.round[worker] = bool(message_finite)
+        elif message_finite and not any(bool(p) for p, _ in results):   # held by the rule for its next step
+            self.held.append((worker, tau))
+            return False
         return self._commit(results, [(worker, tau)])
 
     def remove_worker(self, worker: int, lr: float = 0.0) -> bool:
         worker = check.worker_id(worker, self.num_workers, "ShardedServer.remove_worker")
+        self.last_dropped = False
         self.live.discard(worker)
         self.round.pop(worker, None)
         return self._commit(self.call("prepare_removal", [(worker, lr)] * self.shards), [])
@@ -146,9 +168,19 @@ class ShardedServer:
     def round_open(self) -> bool:
         return bool(self.round)
 
+    def waiting(self, worker: int) -> bool:
+        """Whether ``worker``'s message sits in the open synchronous round (``ParameterServer.waiting``)."""
+        return worker in self.round
+
+    @property
+    def updates_dropped(self) -> int:
+        return sum(self.staleness.dropped)
+
     def _commit(self, results: list, records: list) -> bool:
         if self.synchronous:
-            if not self.live or not self.live.issubset(self.round):
+            live = self.live
+            if not live or not self.algorithm.round_complete(len(live.intersection(self.round)), len(live),
+                                                              self.num_workers):
                 records = []
             else:   # the round closes: every finite member's tau is counted from its own pull
                 records = [(m, self.version - self.pulled_version[m]) for m, ok in sorted(self.round.items()) if ok]
@@ -158,6 +190,8 @@ class ShardedServer:
             raise RuntimeError(f"the server shards disagree on a pending update: {results}")
         if not pending.pop():
             return False
+        if self.held and not self.synchronous:   # the held messages are logged with the step that uses them
+            records, self.held = self.held + records, []
         applied = self.call("commit", [(all(bool(f) for _, f in results),)] * self.shards)
         if len(set(applied)) != 1:
             raise RuntimeError(f"the server shards disagree on an update: {applied}")

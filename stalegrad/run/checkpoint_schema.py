@@ -33,6 +33,7 @@ def damage(state: dict, run) -> str | None:
             or _count("run.server.nonfinite_skipped", server["nonfinite_skipped"])
             or _like("run.server.state", server["state"], ref["state"])
             or _round(server["round"], ref["w"], M)
+            or _held(server.get("held"), M)
             or _progress(saved["progress"], run, _int(server["version"]))
             or _buffers(saved["buffers"], template["buffers"])
             or _generator("run.torch_rng", saved["torch_rng"])
@@ -122,6 +123,21 @@ def _staleness(st, M: int) -> str | None:
         return f"{where!r} holds {len(workers)} workers and {len(taus)} taus, or not as integers"
     if len(workers) and (int(workers.min()) < 0 or int(workers.max()) >= M or int(taus.min()) < 0):
         return f"{where!r} names a worker outside 0..{M - 1}, or a negative tau"
+    dropped = st.get("dropped")   # (each worker's dropped messages; checkpoints before issue 41 have none)
+    if dropped is not None and not (isinstance(dropped, torch.Tensor) and dropped.dim() == 1 and len(dropped) == M
+                                    and not dropped.is_floating_point() and (not M or int(dropped.min()) >= 0)):
+        return f"'{where}.dropped' is not {M} counts, one per worker"
+    return None
+
+
+def _held(held, M: int) -> str | None:
+    """The (worker, tau) of the messages a rule holds for its next step (Rennala SGD), if saved."""
+    if held is None:
+        return None
+    if not isinstance(held, (list, tuple)) or not all(
+            isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(v, int) and v >= 0 for v in r)
+            and r[0] < M for r in held):
+        return f"'run.server.held' is {_show(held)}, not (worker, tau) pairs of workers 0..{M - 1}"
     return None
 
 

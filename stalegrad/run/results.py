@@ -218,7 +218,7 @@ MESSAGE_NUMBERS = ("samples", "wall_s", "virtual_s", "loss", "train_acc")
 # What summary.json's figures can be: an accuracy is in [0, 1] (null: never measured), a count or a staleness is
 # finite and >= 0 (null: none, e.g. no update); a loss may be anything a number can be (NaN: diverged).
 ACCURACIES = ("final_test_acc", "best_test_acc", "final_val_acc", "best_val_acc", "test_acc", "val_acc", "train_acc")
-SUMMARY_COUNTS = ("tau_mean", "tau_max", "nonfinite_skipped", "updates", "samples", "epochs")
+SUMMARY_COUNTS = ("tau_mean", "tau_max", "nonfinite_skipped", "updates_dropped", "updates", "samples", "epochs")
 
 
 def is_number(v) -> bool:

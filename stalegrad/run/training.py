@@ -26,6 +26,7 @@ from ..models.init import initialise
 from .progress import Progress, make_progress
 from .ahead import plan_ahead
 from .results import messages_tensor, weights_sha256
+from ..core.options import check_stops
 from ..core.resources import check_memory
 from ..runtimes.base import Evaluator
 from ..core.schedules import LRSchedule
@@ -295,7 +296,7 @@ class TrainingRun:
             "samples": self.samples,
             "tau_mean": stal["tau_mean"],
             "tau_max": stal["tau_max"],
-            "nonfinite_skipped": skipped,
+            "nonfinite_skipped": skipped, "updates_dropped": stal["updates_dropped"],
             "diverged": diverged,
             "weights_sha256": weights_sha256(self.server.w),
             **self.server.kernels_info(),
@@ -351,6 +352,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
     if config.probe_every and not getattr(runtime, "supports_probes", False):
         raise ConfigError("probe_every", f"needs the simulator (runtime sim), which alone can recompute a stale "
                                          f"gradient; runtime {runtime.describe().get('name')} cannot")
+    check_stops(config.algorithm, config.workers, runtime)
     torch.manual_seed(config.seed)
     classes = num_classes(train_data, test_data)
     module = resolve_model(model, tuple(train_data.x.shape[1:]), classes)

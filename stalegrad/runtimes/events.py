@@ -21,9 +21,15 @@ class EventLoop:
     pulled and on its own mini-batches, so computing at pop time equals
     computing at pull time), pushes the message and schedules m again. Ties
     break by the sequence number, so equal speeds give exact round robin.
-    Synchronous algorithms park each finished worker until the round closes.
+    Synchronous algorithms park each finished worker until the round closes
+    (not one whose message the rule dropped: it starts again at once). A rule
+    with a ``stop_threshold`` (``--stops on``) has every worker whose pulled
+    weights fall that many updates behind stopped and started again at the
+    current weights: its computation never finished (no mini-batch drawn, no
+    samples spent), and it is counted (``computations_stopped``).
     """
     pace = staticmethod(lambda: None)   # called once per message (the simulator's ThreadGovernor.tick)
+    message_time = 0.0   # seconds each message spends beyond its computation (Simulator.message_time)
 
     def __init__(self, training: Training, delay: DelayModel, step_time: float, rng: random.Random):
         self.training, self.delay, self.step_time, self.rng = training, delay, step_time, rng
@@ -35,14 +41,18 @@ class EventLoop:
         self.now = 0.0
         self.pulled = [None] * len(self.workers)
         self.parked: list[int] = []   # synchronous algorithms: finished, waiting for the round
+        self.stop_at = self.algo.stop_threshold(self.server.num_workers)
+        self.stopped = [0] * len(self.workers)   # computations stopped (stop_at), per worker
 
     def start(self, m: int) -> None:
         """Worker m pulls (if it pulls first) and starts computing now."""
         if self.algo.pull_before_compute:
             # into the worker's own buffer: no allocation per pull
             self.pulled[m] = self.server.pull(m, out=self.pulled[m])
-        steps = self.algo.steps_per_message
-        finish = self.now + self.step_time * steps * self.delay.factor(m, self.rng)
+        base = self.step_time * self.algo.steps_per_message
+        finish = self.now + self.delay.duration(m, self.rng, self.now, base)
+        if self.message_time:   # (added only when given: the clock of every other run stays bit for bit)
+            finish += self.message_time
         heapq.heappush(self.heap, (finish, self.seq, m))
         self.seq += 1
 
@@ -53,7 +63,8 @@ class EventLoop:
     def state_dict(self) -> dict:
         return {"kind": "events", "heap": list(self.heap), "seq": self.seq, "now": self.now,
                 "parked": list(self.parked), "pulled": list(self.pulled), "rng": self.rng.getstate(),
-                "workers": [w.state_dict() for w in self.workers]}
+                "workers": [w.state_dict() for w in self.workers],
+                **({"stopped": list(self.stopped)} if self.stop_at is not None else {})}
 
     def load_state_dict(self, st: dict) -> None:
         if st.get("kind") != "events":
@@ -62,6 +73,7 @@ class EventLoop:
         self.seq, self.now = int(st["seq"]), float(st["now"])
         self.parked, self.pulled = list(st["parked"]), to_device(list(st["pulled"]), self.server.w.device)
         self.rng.setstate(as_tuple(st["rng"]))
+        self.stopped = [int(k) for k in st.get("stopped", [0] * len(self.workers))]
         load_workers(self.workers, st["workers"])
 
     def run(self) -> None:
@@ -72,7 +84,13 @@ class EventLoop:
             loss, computed = worker.compute(self.pulled[m], lr)
             self.deliver(m, loss, computed, lr, worker.train_acc)
             self.pace()
+        self.report_stops()
         training.save_checkpoint(self.state_dict())   # the final state, so that a run can be extended
+
+    def report_stops(self) -> None:
+        """summary.json's ``computations_stopped`` (a rule with a ``stop_threshold`` only)."""
+        if self.stop_at is not None:
+            self.training.note(computations_stopped=sum(self.stopped), computations_stopped_per_worker=self.stopped)
 
     def deliver(self, m: int, loss: float, computed, lr: float, train_acc: float) -> None:
         """Worker m's computed window becomes its message: (elastic rules: pull the centre,) probe, push,
@@ -93,12 +111,31 @@ class EventLoop:
             self.start(m)
         else:
             self.parked.append(m)
-            if not self.server.round_open:   # the round closed: everyone starts again
-                for p in self.parked:
-                    self.start(p)
-                self.parked.clear()
+            server = self.server
+            if any(not server.waiting(p) for p in self.parked):   # the round closed, or m's message was dropped
+                parked, self.parked = self.parked, []
+                for p in parked:   # (in the order they finished)
+                    if server.waiting(p):
+                        self.parked.append(p)
+                    else:
+                        self.start(p)
+        if self.stop_at is not None:
+            self.stop_stale()
         if self.training.checkpoint_due():
             self.training.save_checkpoint(self.state_dict())
+
+    def stop_stale(self) -> None:
+        """Stop every computing worker whose pulled weights are ``stop_at`` or more updates old, and start it
+        again at the current weights (in the order of the workers)."""
+        server = self.server
+        stale = sorted({k for _, _, k in self.heap if server.version - server.pulled_version[k] >= self.stop_at})
+        if not stale:
+            return
+        self.heap = [entry for entry in self.heap if entry[2] not in stale]
+        heapq.heapify(self.heap)
+        for k in stale:
+            self.stopped[k] += 1
+            self.start(k)
 
 
 class Replay:

@@ -23,13 +23,16 @@ from .events import EventLoop, Replay
 class Simulator:
     delay: str | DelayModel = DEFAULT_DELAY   # docs/delays.md: measured, not round-robin lockstep
     step_time: float = 1.0   # virtual seconds of one local step of a speed-1 worker
+    message_time: float = 0.0  # virtual seconds each message adds to its computation: a real run's transport
     vectorised: bool = False  # batch the gradients of workers whose pushes fall due together
     threads: int | None = None  # torch's intra-op threads; None: measured (numerics.ThreadGovernor)
     supports_probes = True    # calls training.probes.observe (stalegrad/core/prober.py) with every message
+    supports_stops = True     # stops a computing worker when the rule says so (Algorithm.stop_threshold)
     _governor = None          # inside numerics(): the ThreadGovernor
 
     def __post_init__(self):
         check_finite_positive("step_time", self.step_time)
+        check_finite_positive("message_time", self.message_time, strict=False)
         if not isinstance(self.delay, (str, DelayModel)):
             raise ConfigError("delay", f"must be a delay model or its name, not {type(self.delay).__name__}")
         if renamed_delay(self.delay) is not None:   # 'uniform': once here, then under its new name
@@ -58,11 +61,18 @@ class Simulator:
         """Refuse a delay model that does not fit the run (before anything runs)."""
         delay = parse_delay(self.delay, config.workers) if isinstance(self.delay, str) else self.delay
         check_clock(delay, self.step_time, config.algorithm.steps_per_message, config.workers)
+        algo = config.algorithm
+        if isinstance(delay, Trace) and not algo.synchronous and algo.stop_threshold(config.workers) is not None:
+            raise ConfigError("stops", "is on, but a trace replay pulls at the recorded versions and cannot stop a "
+                                       "worker; give stops off (late messages are then dropped), or another delay")
 
     def describe(self) -> dict:
         spec = self.delay if isinstance(self.delay, str) else self.delay.spec
-        return {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised,
-                "threads": self.threads}
+        out = {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised,
+               "threads": self.threads}
+        if self.message_time:   # (only when given: what a run records is otherwise unchanged)
+            out["message_time"] = self.message_time
+        return out
 
     def _agree_threads(self, training: Training) -> None:
         """Run only at thread counts that give one thread's bits for this model and these shapes."""
@@ -125,6 +135,7 @@ class Simulator:
             loop = Replay(training, delay, self.step_time)
         elif loop is None:
             loop = EventLoop(training, delay, self.step_time, rng)
+        loop.message_time = self.message_time
         if self._governor is not None:
             self._agree_threads(training)
             loop.pace = self._governor.tick

@@ -80,6 +80,8 @@ def unsupported(training: Training, delay, resume) -> str | None:
                 f"to stack two under {CPU_STACK_BYTES // 2**20} MB per vector on the CPU")
     if isinstance(delay, Trace) and not algo.synchronous:
         return "a trace replay pulls at recorded versions"
+    if algo.stop_threshold(training.server.num_workers) is not None:
+        return "its workers' computations are stopped mid-flight (stops on), and a batch computes them ahead"
     if resume is not None or training.checkpoint_every:
         return "checkpoints record the workers' mini-batch streams one event at a time"
     model = training.worker_factory.model

@@ -23,13 +23,16 @@ The files, one concern each (none imports this one):
 - ``processes``: start methods, what each child does first, exit reasons;
 - ``child``: the worker process; ``evaluator``: the evaluator process and
   its server side;
-- ``session``: the server loop; ``stats``: latencies, timeline, trace.
+- ``session``: the server loop; ``cut``: its checkpoints as a consistent cut; ``stats``: latencies,
+  timeline, trace.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
+from ...core import pacing
+from ...core.pacing import profile_description
 from ...errors import ConfigError, check_finite_positive
 from ...errors import check_writable
 from ..base import Training
@@ -52,12 +55,20 @@ class LocalRuntime:
     rounds from waiting forever for a stopped or hung worker. After a run, ``stats`` holds the measured transport
     figures and ``pids`` the processes it used (a worker's is None if it was
     lost before the checkpoint a run resumed from).
+
+    ``delay``: a speed profile (``core/delays.py``, as the simulator's ``--delay``), made real: each worker
+    sleeps out whatever its computation leaves of its message's drawn time (``core/pacing.py``), so the run is
+    a cluster of uneven machines; ``step_time`` is the seconds of one local step of a speed-1 worker (default:
+    sized from one measured step so that the workers ask for a quarter of the cores). Default: no profile, every
+    worker as fast as its cores allow.
     """
     threads_per_worker: int | None = None
     record_trace: str | os.PathLike | None = None
     start_method: str | None = None    # default: forkserver where there is one, else spawn
     stop_timeout: float = 2.0          # seconds a worker gets to finish its message at the end
     worker_timeout: float = 300.0      # seconds of silence, while awaited, after which a worker is lost
+    delay: str | None = None           # a speed profile (core/delays.py); None: no pacing
+    step_time: float | None = None     # seconds per local step of a speed-1 worker; None: automatic
 
     def __post_init__(self):
         self.worker_timeout = check_finite_positive("worker_timeout", self.worker_timeout)
@@ -74,6 +85,7 @@ class LocalRuntime:
     def check(self, config) -> None:
         """Refuse options that cannot work for this run (before anything is written)."""
         check_workers(config.workers)
+        pacing.check(self.delay, self.step_time, config.workers, config.algorithm.steps_per_message)
         if self.record_trace is not None:
             check_writable("record_trace", self.record_trace)
 
@@ -81,7 +93,7 @@ class LocalRuntime:
         return {"name": "local", "threads_per_worker": self.threads_per_worker, "cores": cores(),
                 "start_method": self.start_method or default_start_method(),
                 "record_trace": str(self.record_trace) if self.record_trace is not None else None,
-                "worker_timeout": self.worker_timeout}
+                "worker_timeout": self.worker_timeout, **profile_description(self.delay, self.step_time)}
 
     def run(self, training: Training, *, seed: int = 0, resume: dict | None = None) -> None:
         """Drive ``training`` to its sample budget with real worker processes; ``resume`` is
@@ -89,7 +101,7 @@ class LocalRuntime:
         if resume is not None and resume.get("kind") != "local":
             raise ConfigError("runtime", "is local, but the checkpoint was made by another runtime; "
                                          "resume it with that runtime")
-        _Session(self, training, resume).execute()
+        _Session(self, training, resume, seed).execute()
 
 
 # What one worker process costs: its own interpreter and PyTorch (about 300 MB resident), and threads.

@@ -13,7 +13,7 @@ from ...core.server import to_device
 from ...core.worker import FlatModel, WorkerFactory
 from .processes import become_child, worker_device
 from .protocol import (ADOPT, ERROR, PULL, PULL_RING, PUSH, PUSH_RING, READY, RESTORE, STATE, STEPS, STOP, Buffers,
-                       record_latency)
+                       record_latency, record_pacing)
 
 
 class _Stop(Exception):
@@ -21,9 +21,10 @@ class _Stop(Exception):
 
 
 def worker_main(m: int, factory: WorkerFactory, blob: bytes, device: str, threads: int, pull_buf: Tensor,
-                push_buf: Tensor, bn_buf: Tensor, meters: Tensor, conn) -> None:
+                push_buf: Tensor, bn_buf: Tensor, meters: Tensor, conn, pacer=None) -> None:
     """Worker m. ``factory`` is the run's, made portable (the training set in shared memory);
-    ``pull_buf`` holds the server's weights, the first ones too."""
+    ``pull_buf`` holds the server's weights, the first ones too; ``pacer`` (a ``core.pacing.Pacer``) makes
+    each message last its speed profile's drawn time."""
     become_child(threads)
     try:
         dev = worker_device(device, m)
@@ -69,11 +70,18 @@ def worker_main(m: int, factory: WorkerFactory, blob: bytes, device: str, thread
             record_latency(meters, PULL_RING, time.perf_counter() - t0)
             return lr
 
-        lr = ask((READY,))[1]
+        ready = ask((READY,))
+        lr = ready[1]
+        if pacer is not None and len(ready) > 2:   # every worker starts now: the profile's second 0
+            pacer.t0 = ready[2]
         while True:
             if algo.pull_before_compute:
                 lr = pull()
-            loss, computed = worker.compute(pulled, lr)
+            if pacer is None:
+                loss, computed = worker.compute(pulled, lr)
+            else:
+                loss, computed = pacer.run(worker.compute, pulled, lr)
+                record_pacing(meters, pacer.figures())
             if not algo.pull_before_compute:   # elastic averaging: the centre, after the local steps
                 lr = pull()
             msg = worker.message(pulled, computed)

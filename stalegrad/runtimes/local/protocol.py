@@ -8,7 +8,9 @@ data and measurements travel through shared memory (below).
 Worker -> server, and the server's answer::
 
     ("ready",)               -> ("ok", lr)           the worker is built; when resuming, the server sends
-                                                     ("restore", state) first
+                                                     ("restore", state) first; under a speed profile the
+                                                     answer is ("ok", lr, t0), sent to every worker once all
+                                                     are ready: t0 is the profile's second 0 (time.time())
     ("pull",)                -> ("w", version, lr)   the weights are in the worker's pull buffer
     ("push", samples, loss, train_acc)
                              -> ("ok", lr)           the message in the worker's push buffer was applied
@@ -45,7 +47,8 @@ descriptors):
   copy per pull), a push buffer (the worker copies its message in) and a row
   of meters (float64, ``METERS_WIDTH`` long): local steps, pulls, pushes,
   then the worker's last ``RING`` pull latencies and its last ``RING`` push
-  latencies, each ring indexed by count modulo ``RING``;
+  latencies, each ring indexed by count modulo ``RING``, then, under a speed
+  profile, its pacer's figures (``PACING``);
 - one vector of BatchNorm statistics (``Buffers``), which every worker writes
   after each message (the last writer wins), and the evaluator's snapshot of
   weights and statistics.
@@ -67,7 +70,10 @@ RING = 4096                     # latencies kept per worker and kind (the most r
 STEPS, PULLS, PUSHES = 0, 1, 2  # counters
 PULL_RING, PUSH_RING = 0, 1     # the two rings, after the counters
 _COUNT_OF = {PULL_RING: PULLS, PUSH_RING: PUSHES}
-METERS_WIDTH = 3 + 2 * RING
+# A speed profile's figures (core/pacing.py), after the rings: the worker's Pacer.figures(), kept current
+PACING = ("messages", "compute_s", "waited_s", "overruns", "late_s")
+PACING_AT = 3 + 2 * RING
+METERS_WIDTH = PACING_AT + len(PACING)
 
 
 def record_latency(meters: Tensor, ring: int, seconds: float) -> None:
@@ -83,6 +89,19 @@ def latencies(meters: Tensor, ring: int) -> list[float]:
     n = min(int(meters[_COUNT_OF[ring]]), RING)
     start = 3 + ring * RING
     return meters[start:start + n].tolist()
+
+
+def record_pacing(meters: Tensor, figures: dict) -> None:
+    """A paced worker keeps its profile's figures current in its row of meters."""
+    for i, key in enumerate(PACING):
+        meters[PACING_AT + i] = figures[key]
+
+
+def pacing_figures(meters: Tensor, worker: int) -> dict:
+    """A worker's ``Pacer.figures()`` as its row of meters last held them."""
+    values = meters[PACING_AT:PACING_AT + len(PACING)].tolist()
+    return {"worker": worker, **{key: (int(v) if key in ("messages", "overruns") else round(v, 6))
+                                 for key, v in zip(PACING, values)}}
 
 
 class WorkerError(RunError):

@@ -22,29 +22,36 @@ from multiprocessing.connection import wait
 
 import torch
 
-from ...errors import ConfigError
+from ...core import pacing
 from ...core.server import to_device
+from ...errors import ConfigError
 from ..base import Training
 from .child import worker_main
+from .cut import ConsistentCut
 from .evaluator import _Evaluator
-from .processes import context, default_threads, describe_exit
+from .processes import context, cores, default_threads, describe_exit
 from .protocol import (ADOPT, ERROR, METERS_WIDTH, OK, PULL, PUSH, READY, RESTORE, STATE, STOP, WEIGHTS, Buffers,
-                       WorkerError, shared, zeros)
+                       WorkerError, pacing_figures, shared, zeros)
 from .stats import Measurements
 
 # Seconds a worker gets, at least, to start (import torch, initialise CUDA) before its first message.
 STARTUP_GRACE = 60.0
 
 
-class _Session:
+class _Session(ConsistentCut):
     """One run of the local runtime (``LocalRuntime.run``): start, serve, stop."""
 
-    def __init__(self, runtime, training: Training, resume: dict | None):
+    def __init__(self, runtime, training: Training, resume: dict | None, seed: int = 0):
         self.rt, self.training, self.server = runtime, training, training.server
         self.factory = training.worker_factory
         self.algo = self.server.algorithm
         self.M = M = self.server.num_workers
         self.threads = runtime.threads_per_worker or default_threads(M)
+        self.seed = seed
+        self.profile = pacing.resolve(runtime.delay, runtime.step_time, self.factory, M,
+                                      self.algo.steps_per_message, self.threads, cores())
+        self.starting: list[int] | None = None if self.profile is None else []   # ready, waiting for the rest
+        self.profile_started_s: float | None = None
         self.on_cpu = self.server.w.device.type == "cpu"
         # The saved workers' states; None for a worker lost before the checkpoint (it stays lost).
         self.saved: list[dict | None] | None = None
@@ -113,6 +120,13 @@ class _Session:
             self.bn_model.read(self.bn)
         self.rt.stats = stats = self.measure.collect(self.meters, self.server.w.numel(), self.threads, self.lost)
         training.note(workers_lost=self.lost, threads_per_worker=self.threads, transport=stats["transport"])
+        if self.profile is not None:
+            figures, text = self.profile.summary({m: pacing_figures(self.meters[m], m) for m in range(self.M)},
+                                                 self.server, self.profile_started_s)
+            self.rt.stats["pacing"] = figures
+            training.note(text, pacing=figures)
+            if text is not None:
+                print(f"stalegrad: warning: {text}", file=sys.stderr, flush=True)
 
     def write_trace(self) -> None:
         """The order of pushes into ``record_trace``; if that fails now (disk full, directory removed),
@@ -139,13 +153,15 @@ class _Session:
         self.push_dev = None if self.on_cpu else [torch.empty_like(w) for _ in range(M)]
         self.meters = zeros(M, METERS_WIDTH, dtype=torch.float64)
         self.rt.pids = {"workers": [None] * M, "evaluator": None}
+        t0 = time.time() - self._offset   # the profile's second 0 (a resumed run goes on from its own)
         for m in range(M):
             if self.saved is not None and self.saved[m] is None:
                 continue   # lost before the checkpoint
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"stalegrad-worker-{m}", daemon=True,
                                args=(m, factory, blob, device, self.threads, self.pull_bufs[m], self.push_bufs[m],
-                                     self.bn, self.meters[m], child))
+                                     self.bn, self.meters[m], child,
+                                     None if self.profile is None else self.profile.pacer(m, self.seed, t0)))
             self.procs[m], self.conns[m] = proc, parent
             proc.start()
             self.heard[m] = time.monotonic()
@@ -266,6 +282,9 @@ class _Session:
                 self.send(m, (RESTORE, to_device(self.saved[m], "cpu")))
             if self.final_gathering():
                 self.hold(m)
+            elif self.starting is not None:   # a speed profile: every worker starts at its second 0
+                self.starting.append(m)
+                self.start_together()
             else:
                 self.send(m, (OK, training.lr))
         elif kind == STATE:
@@ -299,58 +318,16 @@ class _Session:
             self.send(m, (OK, training.lr))
             return
         self.parked.append(m)
-        if not server.round_open:
-            self.release()
-
-    # ---- checkpoints -------------------------------------------------------------------
-    def final_gathering(self) -> bool:
-        return self.holding is not None and self.training.done
-
-    def hold(self, m: int) -> None:
-        """Worker m, between two messages, waits; it reports its state."""
-        if m not in self.holding:
-            self.holding.append(m)
-        self.asked[m] += 1
-        self.send(m, (STATE,))
-
-    def maybe_checkpoint(self) -> None:
-        """Once every live worker is held between two messages, save; then let them go on
-        (unless the budget is spent: they stay held until they are stopped)."""
-        if self.holding is None or not self.live or not self.live.issubset(self.states):
-            return
-        training = self.training
-        self.evaluator.drain()              # the metrics so far belong in the checkpoint
-        if self.bn_model.numel:             # and the workers' running statistics
-            self.bn_model.read(self.bn)
-        training.save_checkpoint({"kind": "local", "now": self.now(), "samples": self.samples,
-                                  "workers": [self.states.get(m) for m in range(self.M)]})
-        held, self.holding, self.states = self.holding, None, {}
-        if training.done:
-            self.final_saved = True
-            return
-        if self.algo.synchronous:           # a round is open only if a worker died in it
-            self.parked.extend(held)
-            if not self.server.round_open:
-                self.release()
-        else:
-            for p in held:
-                if p in self.live:
-                    self.send(p, (OK, training.lr))
-
-    def final_checkpoint(self) -> None:
-        """Gather the workers' states once more at the end, and save them."""
-        if self.holding is None:   # e.g. resumed at the budget: the workers hold when they are ready
-            self.holding, parked, self.parked = [], self.parked, []
-            for p in parked:
-                if p in self.live:
-                    self.hold(p)
-        self.serve(lambda: self.final_saved)
+        self.release()
 
     def release(self) -> None:
-        """A synchronous round closed: the parked workers go on."""
+        """The parked workers whose message no longer waits in an open synchronous round go on: the round
+        closed, or the rule dropped the message (m-ssgd's late straggler, which starts again at once)."""
         parked, self.parked = self.parked, []
         for p in parked:
-            if p in self.live:
+            if self.server.waiting(p):
+                self.parked.append(p)
+            elif p in self.live:
                 self.send(p, (OK, self.training.lr))
 
     # ---- workers ---------------------------------------------------------------------------
@@ -363,6 +340,18 @@ class _Session:
         except (OSError, ValueError):
             if lose:
                 self.lose(m, describe_exit(self.procs[m]))
+
+    def start_together(self) -> None:
+        """Under a speed profile, the workers wait for each other's start (importing torch takes each a
+        different time): once every live one is ready, all start now, the profile's second 0."""
+        if not self.live.issubset(self.starting):
+            return
+        starting, self.starting = self.starting, None
+        self.profile_started_s = self.now()
+        t0 = time.time() - self._offset   # (a resumed run goes on from its own second)
+        for p in starting:
+            if p in self.live:
+                self.send(p, (OK, self.training.lr, t0))
 
     def lose(self, m: int, why: str) -> None:
         """Worker m is gone: forget it, give its shard to the survivors, go on."""
@@ -394,6 +383,8 @@ class _Session:
             self.pools[m] = pool[:0]
             text += f"; its shard of {len(pool)} samples now goes to workers {', '.join(map(str, survivors))}"
         self.note(text, workers_lost=self.lost)
-        if self.algo.synchronous and not server.round_open and self.parked:
-            self.release()
+        if self.starting is not None and self.live:
+            self.start_together()
+        if self.algo.synchronous and self.parked:
+            self.release()   # (the round may have closed without it)
         self.maybe_checkpoint()

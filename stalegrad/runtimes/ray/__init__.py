@@ -53,6 +53,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ...core import pacing
 from ...errors import ConfigError, check_finite_positive
 from ..base import Training
 from .connect import (CONNECT_TIMEOUT, divert_ray_errors, init_quietly, placement_problem, probe, session_logs,
@@ -94,6 +95,8 @@ class RayRuntime:
     worker_resources: dict | None = None   # custom Ray resources each worker actor requests (placement)
     shard_resources: dict | None = None    # custom Ray resources each server shard requests (placement)
     same_node_socket: bool = True      # direct path: workers on the shard's machine use its socket (channel.py)
+    delay: str | None = None           # a speed profile (core/delays.py), made real (core/pacing.py); None: none
+    step_time: float | None = None     # seconds per local step of a speed-1 worker; None: automatic
 
     def __post_init__(self):
         if not isinstance(self.ps_shards, int) or isinstance(self.ps_shards, bool) or self.ps_shards < 1:
@@ -131,6 +134,7 @@ class RayRuntime:
         if self.record_trace is not None:
             from ...errors import check_writable
             check_writable("record_trace", self.record_trace)
+        pacing.check(self.delay, self.step_time, config.workers, config.algorithm.steps_per_message)
         self.check_placement(config.workers)
 
     def cluster_nodes(self) -> tuple[list[dict], str]:
@@ -185,10 +189,20 @@ class RayRuntime:
                 out[name] = dict(getattr(self, name))
         if not self.same_node_socket:
             out["same_node_socket"] = False
+        out.update(pacing.profile_description(self.delay, self.step_time))
         for name, default in (("restart_timeout", RESTART_TIMEOUT), ("connect_timeout", CONNECT_TIMEOUT)):
             if getattr(self, name) != default:   # (likewise: a run's config.json names them only when set)
                 out[name] = float(getattr(self, name))
         return out
+
+    def profile(self, training: Training):
+        """The run's speed profile (``core.pacing.resolve``), an automatic step time sized by the cluster's CPUs
+        (this machine's when the run started its own Ray, which it gives a CPU per worker)."""
+        cores = os.cpu_count() or 1
+        if self.address is not None:
+            cores = int(sum(n["resources"].get("CPU", 0) for n in self.cluster_nodes()[0])) or cores
+        return pacing.resolve(self.delay, self.step_time, training.worker_factory, training.server.num_workers,
+                              training.server.algorithm.steps_per_message, max(1, int(self.cpus_per_worker)), cores)
 
     def make_driver(self, training: Training, resume: dict | None):
         """The driver of one run: ``direct.DirectDriver`` where the run fits the direct path (one shard, an
@@ -217,6 +231,8 @@ class RayRuntime:
                     init_quietly(ray, address="local" if self.address is None else self.address, **kwargs)
                 restore = divert_ray_errors(session_logs(ray))
                 driver = self.make_driver(training, resume)
+                if self.delay is not None:
+                    driver.pace_by(self.profile(training), seed)
                 driver.start()
                 driver.run()
             finally:

@@ -189,8 +189,10 @@ class WorkerActor:
     """Worker m: the same ``Worker`` as every runtime, pulling and pushing numpy slices."""
 
     def __init__(self, m: int, factory, blob: bytes, x: np.ndarray, y: np.ndarray, w0: np.ndarray,
-                 bounds: list, device: str, threads: int, state: dict | None = None, pool=None):
+                 bounds: list, device: str, threads: int, state: dict | None = None, pool=None, pacer=None):
+        """``pacer``: a ``core.pacing.Pacer``, under a speed profile (each message lasts its drawn time)."""
         _quiet()
+        self.pacer = pacer
         torch.set_num_threads(threads)
         dev = torch.device(device)
         model = FlatModel(pickle.loads(blob), dev)
@@ -229,16 +231,30 @@ class WorkerActor:
         meta = (loss, self.worker.samples_per_message, finite, self.worker.train_acc)
         return (meta, *[flat[a:b] for a, b in self.bounds])
 
+    def _compute(self, pulled, lr: float) -> tuple:
+        """The worker's computation, lasting its speed profile's drawn time if it has one."""
+        if self.pacer is None:
+            return self.worker.compute(pulled, lr)
+        return self.pacer.run(self.worker.compute, pulled, lr)
+
+    def start_profile(self, t0: float) -> None:
+        """The speed profile's second 0 (``time.time()``), the same for every worker of the run."""
+        self.pacer.t0 = t0
+
+    def pacing(self) -> dict | None:
+        """This worker's ``Pacer.figures()`` (None without a profile)."""
+        return None if self.pacer is None else self.pacer.figures()
+
     def step(self, lr: float, *slices) -> tuple:
         """Pull (the slices), compute, and return (meta, *message slices); meta = (loss, samples, finite,
         train_acc)."""
         self._load(slices)
-        loss, self.computed = self.worker.compute(self.pulled, lr)
+        loss, self.computed = self._compute(self.pulled, lr)
         return self._message(loss)
 
     def compute(self, lr: float) -> float:
         """Elastic rules: the local steps first; ``finish`` gets the centre afterwards."""
-        self.loss, self.computed = self.worker.compute(None, lr)
+        self.loss, self.computed = self._compute(None, lr)
         return self.loss
 
     def finish(self, *slices) -> tuple:
@@ -279,7 +295,7 @@ class WorkerActor:
                 for part in adopted:
                     self.adopt(part)
                 self._load([weights])
-                loss, self.computed = self.worker.compute(self.pulled, lr)
+                loss, self.computed = self._compute(self.pulled, lr)
                 meta, msg = self._message(loss)
                 self.pending = (generation, (*meta, self.latency), msg,
                                 [b.detach().cpu().numpy() for b in self.buffers] if self.buffers else None)

@@ -40,6 +40,7 @@ from ...core.sharding import ShardedServer, merge_states, shard_bounds, split_st
 from .actors import ShardActor, ShardRestarted, WorkerActor, to_numpy, to_torch
 from .connect import shard_placement, wait_started
 from .recovery import Recovery
+from .reports import Reports
 
 
 class ShardLost(Exception):
@@ -51,7 +52,7 @@ def _restarted(e: BaseException) -> bool:
     return isinstance(e, ShardRestarted) or isinstance(getattr(e, "cause", None), ShardRestarted)
 
 
-class Driver(Recovery):
+class Driver(Recovery, Reports):
     # the actor classes (a subclass may time them: benchmarks/bench_ray.py --profile)
     shard_actor, worker_actor = ShardActor, WorkerActor
 
@@ -78,6 +79,7 @@ class Driver(Recovery):
         self.prefetched = None  # (worker, its pulled slices' refs): that pull, for launch to take
         self.pulls_with_push = 0
         self.trace = [] if runtime.record_trace is not None else None
+        self.profile = self.profile_t0 = self.profile_started_s = None   # a speed profile: reports.py
         self.snapshot: list[dict] | None = None   # the shards' state at the last checkpoint (or the resumed one)
         self.pools = [self.factory.stream(m).pool for m in range(self.M)]
         if resume:
@@ -96,9 +98,11 @@ class Driver(Recovery):
         self.ray.get([s.load.remote(p) for s, p in zip(self.shards, parts)])
         if self.resume:   # the resumed state is a checkpoint: a shard that dies goes back to it
             self.snapshot = parts
-        self.sharded = ShardedServer(self._call, self.K, self.M, self.algo.synchronous)
+        self.sharded = ShardedServer(self._call, self.K, self.M, self.algo.synchronous, algorithm=self.algo)
         self.sharded.version = self.server.version
         self.sharded.pulled_version = list(self.server.pulled_version)
+        self.sharded.staleness.dropped = list(self.server.staleness.dropped)
+        self.sharded.held = list(self.server.held)
         self.sharded.live = set(self.server.live) & self.live
         self.request = {"CPU": rt.cpus_per_worker, "GPU": rt.gpus_per_worker, **(rt.worker_resources or {})}
         self.worker_cls = ray.remote(num_cpus=rt.cpus_per_worker, num_gpus=rt.gpus_per_worker,
@@ -117,6 +121,7 @@ class Driver(Recovery):
         for m in wait_started(ray, self.shards, self.actors, self.request,
                               lambda text: print(f"stalegrad: {text}", file=sys.stderr)):
             self.replace_worker(m, launch=False)   # its node died as it started
+        self.start_profile()   # every worker has started: the profile's second 0 is now
 
     def _new_worker(self, m: int, state=None, pool=None):
         device = self.factory.device
@@ -124,7 +129,7 @@ class Driver(Recovery):
             device = "cuda:0"   # Ray sets CUDA_VISIBLE_DEVICES per actor: its GPU is device 0
         w0 = self.server.w.detach().cpu().numpy()
         return self.worker_cls.remote(m, self.portable, self.blob, self.x, self.y, w0, self.bounds, device,
-                                      self.threads, state, pool)
+                                      self.threads, state, pool, self.pacer(m))
 
     def stop(self) -> None:
         for actor in list(getattr(self, "actors", {}).values()) + list(getattr(self, "shards", [])):
@@ -308,11 +313,17 @@ class Driver(Recovery):
             self.launch(m)
             return
         self.parked.append(m)
-        if not self.sharded.round_open:
-            parked, self.parked = self.parked, []
-            for p in parked:
-                if p in self.live:
-                    self.launch(p)
+        self.release()
+
+    def release(self) -> None:
+        """Synchronous rules: the parked workers whose message no longer waits in an open round (it closed, or
+        the rule dropped the message: m-ssgd's late straggler) start again, in the order they were parked."""
+        parked, self.parked = self.parked, []
+        for p in parked:
+            if self.sharded.waiting(p):
+                self.parked.append(p)
+            elif p in self.live:
+                self.launch(p)
 
     # ---- state ------------------------------------------------------------------------
     def sync(self, algorithm_state: bool) -> list[dict]:
@@ -382,13 +393,5 @@ class Driver(Recovery):
             except OSError as e:
                 self.note(f"the trace could not be written to {self.rt.record_trace} ({e.strerror})")
         self.training.note(workers_lost=self.lost, updates_lost=self.updates_lost, transport=self.transport())
-
-    def transport(self) -> dict:
-        """summary.json's ``transport``: a push's round trip (the driver's call to the shards), the bytes
-        of weights a message moves, the pulls that went with a push."""
-        s = sorted(self.push_s)
-        return {"push_ms_median": round(1000 * s[len(s) // 2], 4) if s else None,
-                "push_ms_p90": round(1000 * s[int(0.9 * len(s))], 4) if s else None,
-                "weight_bytes_per_message": 2 * 4 * int(self.server.w.numel()),
-                "pulls_with_push": self.pulls_with_push,
-                "shards": self.K}
+        if self.profile is not None:
+            self.report_pacing()

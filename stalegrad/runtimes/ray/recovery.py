@@ -33,6 +33,9 @@ class Recovery:
         self.sharded.version = int(first["version"])
         self.sharded.pulled_version = [int(v) for v in first["pulled_version"]]
         self.sharded.round = {}
+        self.sharded.held = [(int(m), int(tau)) for m, tau in first.get("held", [])]
+        dropped = first["staleness"].get("dropped")
+        self.sharded.staleness.dropped = [0] * self.M if dropped is None else [int(d) for d in dropped]
         self.sharded.live = {int(m) for m in first["live"]}
         for m in sorted(self.sharded.live - self.live):   # lost since the checkpoint: lost again
             self.sharded.remove_worker(m, self.training.lr)
@@ -79,7 +82,5 @@ class Recovery:
             text += f"; its {len(self.pools[m])} samples now go to workers {', '.join(map(str, survivors))}"
             self.pools[m] = self.pools[m][:0]
         self.note(text)
-        if self.algo.synchronous and not self.sharded.round_open and self.parked:
-            parked, self.parked = self.parked, []
-            for p in parked:
-                self.launch(p)
+        if self.algo.synchronous and self.parked:
+            self.release()   # (the round may have closed without it)
