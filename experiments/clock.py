@@ -2,9 +2,10 @@
 
 One speed profile (``--delay``) is the simulator's clock and, in the local and Ray runtimes, a real cluster: each
 worker waits out its message's drawn time (stalegrad/core/pacing.py). Here every profile runs for real, then in
-the simulator with the same step time, twice: with the step time alone ("sim"), and with each message's measured
-transport added (``--message-time``, the real run's pull and push medians: "sim+t"). The page compares, per
-profile and runtime:
+the simulator with the same step time, twice: with the step time alone ("sim"), and with the real run's transport
+modelled ("sim+t": each message's drawn from an exponential whose median is the real run's pull and push medians,
+``--message-time``, and the pull where the runtime makes it, ``--pull``). The page compares, per profile and
+runtime:
 
 - the time at which each run first reaches two validation accuracies (the real run's clock starts when its
   workers do: ``pacing.started_s``), medians over the seeds;
@@ -48,6 +49,9 @@ TARGETS = (0.8, 0.88)     # validation accuracies (the pilot's runs peaked at 0.
 COMMON = ["--algo", "asgd", "--dataset", "digits", "--model", "mlp", "--batch-size", "32", "--lr", "0.05",
           "--epochs", "16", "--eval-every", "0.25", "--val-split", "300", "--step-time", str(STEP_TIME), "-q"]
 TIME_GOAL, TV_GOAL = 0.15, 0.1
+# where a worker's next weights come from: the local runtime asks in a second request, after its push's answer;
+# Ray's direct path sends them in the push's answer
+PULL = {"local": "separate", "ray": "with-push"}
 FILES = ("config.json", "summary.json", "metrics.jsonl", "staleness.json")
 
 
@@ -86,7 +90,7 @@ def run_all(out: Path, seeds) -> None:
                 summary = json.loads((real / "summary.json").read_text())
                 train(out / name("sim", runtime, M, profile, seed), *common)
                 train(out / name("simt", runtime, M, profile, seed), *common,
-                      "--message-time", f"{transport_s(summary):.6f}")
+                      "--message-time", f"{transport_s(summary):.6f}", "--pull", PULL[runtime])
 
 
 def collect(src: Path, root: Path) -> None:
@@ -186,8 +190,22 @@ def compare(root: Path) -> list[dict]:
                                       abs(row["ratios"][(kind, t)] - 1) <= TIME_GOAL for t in TARGETS)
                             and row["tv"][kind] < TV_GOAL for kind in ("sim", "simt")}
             row["curves"] = {kind: [r["curve"] for r in got[kind]] for kind in ("real", "simt")}
+            row["seeds"] = {(kind, t): [time_to(r, t) for r in got[kind]] for kind in ("real", "simt") for t in TARGETS}
+            row["inside"] = {(kind, t): inside(row["times"][(kind, t)][0], row["seeds"][("real", t)])
+                             for kind in ("sim", "simt") for t in TARGETS}
             rows.append(row)
     return rows
+
+
+def inside(t: float | None, real: list[float | None]) -> bool | None:
+    """Whether a simulated median time lies within the real seeds' range (None: a time unknown)."""
+    if t is None or any(x is None for x in real):
+        return None
+    return min(real) <= t <= max(real)
+
+
+def seconds(times: list[float | None]) -> str:
+    return ", ".join("never" if t is None else f"{t:.2f}" for t in times)
 
 
 def page(rows: list[dict], machine: str) -> str:
@@ -203,7 +221,9 @@ def page(rows: list[dict], machine: str) -> str:
         f"(the settings were fixed on the pilot seed {PILOT_SEED}). Real runs: `--runtime local` (M = 4, 8) and "
         "`--runtime ray` (M = 4, a local Ray), each worker waiting out its drawn time; their clock starts when the "
         "workers do. **sim**: the simulator with the same profile and step time; **sim+t**: the same with each "
-        "message's measured transport added (`--message-time`, the real run's median pull + push).",
+        "message's transport drawn from an exponential whose median is the real run's (pull + push medians, "
+        "`--message-time`), and the local runtime's pull as its second request (`--pull separate`; Ray's direct "
+        "path answers a push with the next weights: `--pull with-push`).",
         f"**Machine.** {machine}",
         "",
         f"Goals: simulated time to each target within {TIME_GOAL:.0%} of the real one (medians over the seeds), "
@@ -229,10 +249,61 @@ def page(rows: list[dict], machine: str) -> str:
     for r in rows:
         by_profile.setdefault(r["profile"], []).append(r["meets"]["simt"])
     met = [p for p, ok in by_profile.items() if all(ok)]
+    tv_rows = lambda kind, rt: [r["tv"][kind] for r in rows if r["runtime"] == rt]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    time_ok = sum(all(r["ratios"][("simt", t)] is not None and abs(r["ratios"][("simt", t)] - 1) <= TIME_GOAL
+                      for t in TARGETS) for r in rows)
+    inside_count = {kind: sum(bool(r["inside"][(kind, t)]) for r in rows for t in TARGETS) for kind in ("sim", "simt")}
+    pairs = len(rows) * len(TARGETS)
     lines += [
         "",
         f"**Profiles whose every runtime meets both goals with sim+t: {len(met)} of {len(by_profile)}** "
-        f"({', '.join(f'`{p}`' for p in met) or 'none'}).",
+        f"({', '.join(f'`{p}`' for p in met) or 'none'}). Rows: {sum(r['meets']['simt'] for r in rows)} of "
+        f"{len(rows)} meet both; {time_ok} of {len(rows)} the time goal, "
+        f"{sum(r['tv']['simt'] < TV_GOAL for r in rows)} of {len(rows)} the tau goal.",
+        "",
+        "## What the misses are made of",
+        "",
+        f"- **The time to a target is noisier than the goal.** The first evaluation at or above a validation "
+        f"accuracy is a threshold crossing of a noisy curve (300 validation samples, lr 0.05): the same real run on "
+        f"three seeds reaches it at times up to twice apart (the table below). A 15% goal on the median of three "
+        f"seeds is inside that noise, so a time miss alone does not say that the clock is wrong. A check that "
+        f"allows for it: if the simulated runs were draws of the real clock, the median of three simulated seeds "
+        f"would fall within the range of the three real ones with probability 12/20 (of the 20 orders of six "
+        f"draws, 12 put a real one on each side of it): {0.6 * pairs:.0f} of the {pairs} (row, target) pairs "
+        f"expected. Observed: {inside_count['simt']} for sim+t, {inside_count['sim']} for sim (the simulated and "
+        f"real runs of a seed share its data order and first weights, which brings them closer than independent "
+        f"draws). The data cannot tell these clocks from the real one at this noise: inconclusive, and a finer "
+        f"check needs more seeds or less noisy targets.",
+        f"- **The tau histograms of the local runtime: its pull is a second request.** Ray's direct path answers "
+        f"a push with the next weights, as the simulator's pull at push time models; the local runtime's worker "
+        f"asks for them in a second request, which the server answers after whatever reached it meanwhile, and "
+        f"equal speeds make pushes arrive together. The plain simulator, whose ties break in a fixed order, "
+        f"keeps lockstep exactly (tau = M - 1). Mean TV, local rows: {mean(tv_rows('sim', 'local')):.3f} for sim, "
+        f"{mean(tv_rows('simt', 'local')):.3f} for sim+t, which draws each message's transport (ties break at "
+        f"random) and pulls it after the push; Ray rows: {mean(tv_rows('sim', 'ray')):.3f} and "
+        f"{mean(tv_rows('simt', 'ray')):.3f}. What remains in the local rows at M = 8 is not modelled: the server "
+        f"is one process and the transports of pushes that queue at it are not independent draws.",
+        f"- **The 2 shared cores.** A worker's computation took {min(r['stretch'] for r in rows):.1f} to "
+        f"{max(r['stretch'] for r in rows):.1f} times the step measured alone before the run (the workers, the "
+        f"server, the evaluator and Ray's processes share 2 cores), and a message's transport "
+        f"{min(r['transport_ms'] for r in rows):.2f} to {max(r['transport_ms'] for r in rows):.2f} ms. The step "
+        f"time (40 ms) leaves room for both: at most "
+        f"{max(r['overruns'] for r in rows):.1%} of the real messages outlasted their drawn time, so the profiles "
+        f"held, and the clock's error from the cores is the transport, {max(r['transport_ms'] for r in rows) / 40:.1%} "
+        f"of a step at most, which sim+t adds.",
+        "",
+        "### Time to each target, seed by seed",
+        "",
+        f"| profile | runtime | M | real s to {t1} | sim+t | inside | real s to {t2} | sim+t | inside |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *("| " + " | ".join([f"`{r['profile']}`", r["runtime"], str(r["M"]),
+                              *(cell for t in TARGETS for cell in (
+                                  seconds(r["seeds"][("real", t)]), seconds(r["seeds"][("simt", t)]),
+                                  {True: "yes", False: "no", None: "-"}[r["inside"][("simt", t)]]))]) + " |"
+          for r in rows),
+        "",
+        "*inside*: sim+t's median time within the real seeds' range.",
         "",
         "Columns: *share gap*: the largest difference between a worker's share of the updates, real and simulated "
         "(seeds pooled); *overruns*: the real messages whose computation outlasted their drawn time; *compute "

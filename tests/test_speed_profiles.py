@@ -218,3 +218,66 @@ def test_the_automatic_step_time_is_measured_and_recorded(tmp_path):
     assert pace["step_time"] == pytest.approx(expected)
     per = pace["per_worker"]
     assert per[1]["messages"] < per[0]["messages"]              # worker 1 is twice as slow
+
+
+# ---- the simulator's model of a real run's transport (--message-time, --pull) ------------------------
+def reference_taus(M, seed, median, separate, updates):
+    """An independent event loop: each message's transport drawn from an exponential of ``median``, the
+    worker's next computation (round-robin: 1 s) after it; its pull at the push (``separate`` False) or when
+    its transport ends, after every push that came before then."""
+    import heapq
+    rng = random.Random(seed)
+    version, pulled, heap, pulls, seq, taus = 0, [0] * M, [], [], 0, []
+
+    def start(m, now, first):
+        nonlocal seq
+        lag = rng.expovariate(math.log(2) / median)
+        if separate and not first:
+            heapq.heappush(pulls, (now + lag, seq, m))
+        else:
+            pulled[m] = version
+        heapq.heappush(heap, (now + 1.0 + lag, seq, m))
+        seq += 1
+    for m in range(M):
+        start(m, 0.0, True)
+    for _ in range(updates):
+        t, _, m = heapq.heappop(heap)
+        while pulls and pulls[0][0] <= t:
+            pulled[heapq.heappop(pulls)[2]] = version
+        taus.append((m, version - pulled[m]))
+        version += 1
+        start(m, t, False)
+    return taus
+
+
+@pytest.mark.parametrize("pull", ["with-push", "separate"])
+def test_the_simulated_transport_equals_an_independent_event_loop(pull):
+    sim = Simulator(delay="round-robin", step_time=1.0, message_time=0.4, pull=pull)
+    res = sg.train("logreg", TRAIN, TEST, "asgd", 3, sim, epochs=2, batch_size=8, seed=4)
+    taus = reference_taus(3, 4, 0.4, pull == "separate", res.summary["updates"])
+    hist = {}
+    for _, t in taus:
+        hist[str(t)] = hist.get(str(t), 0) + 1
+    assert res.staleness["histogram"] == dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
+    assert [w["updates"] for w in res.staleness["per_worker"]] == [sum(m == k for m, _ in taus) for k in range(3)]
+    assert res.config["runtime"]["message_time"] == 0.4 and res.config["runtime"]["pull"] == pull
+
+
+def test_a_separate_pull_sees_the_pushes_of_its_transport():
+    """Against the pull at push time, a pull a transport later has seen more pushes: lower tau."""
+    def mean_tau(pull):
+        sim = Simulator(delay="round-robin", step_time=1.0, message_time=0.5, pull=pull)
+        return sg.train("logreg", TRAIN, TEST, "asgd", 4, sim, epochs=2, batch_size=8, seed=1).staleness["tau_mean"]
+    assert mean_tau("separate") < mean_tau("with-push") - 0.2
+
+
+def test_the_transport_options_are_checked():
+    with pytest.raises(ConfigError, match="pull separate makes a pull come a message's transport after its push"):
+        Simulator(pull="separate")
+    with pytest.raises(ConfigError, match="pull must be one of with-push, separate"):
+        Simulator(message_time=0.1, pull="later")
+    with pytest.raises(ConfigError, match="message_time must be a finite number >= 0"):
+        Simulator(message_time=-1.0)
+    res = sg.train("logreg", TRAIN, TEST, "asgd", 3, Simulator(vectorised=True, message_time=0.1), epochs=1,
+                   batch_size=8, seed=0)
+    assert any("transport (message_time) is drawn one message at a time" in n for n in res.summary["notes"])

@@ -99,13 +99,14 @@ def run_options(f):
         click.option("--lr-milestones", callback=_csv_floats, default=None,
                      help="step decay: epochs at which lr is multiplied by --lr-gamma, e.g. 80,120"),
         click.option("--lr-gamma", type=float, default=0.1, show_default=True),
-        click.option("--delay", default=None, help="speed profile: " + ", ".join(DELAY_MODELS) + " (docs/delays.md): "
-                     "the simulator's clock; local and ray workers wait out each message's drawn time  [default: sim "
-                     f"{DEFAULT_DELAY}; local, ray: none]"),
-        click.option("--step-time", type=float, default=None, help="seconds of one local step of a speed-1 worker "
+        click.option("--delay", help="speed profile: " + ", ".join(DELAY_MODELS) + " (docs/delays.md): the "
+                     f"simulator's clock; real workers wait out each drawn time  [default: sim {DEFAULT_DELAY}; else none]"),
+        click.option("--step-time", type=float, help="seconds of one local step of a speed-1 worker "
                      "(virtual in sim)  [default: sim 1.0; local, ray: sized from one measured step]"),
-        click.option("--message-time", type=float, default=None, help="--runtime sim: virtual seconds each message "
-                     "adds to its computation, a real run's transport (docs/delays.md)  [default: 0]"),
+        click.option("--message-time", type=float, help="--runtime sim: median seconds of a message's transport, "
+                     "drawn per message (docs/delays.md)  [default: 0]"),
+        click.option("--pull", type=click.Choice(["with-push", "separate"]), help="--runtime sim, --message-time: "
+                     "the weights come with the push's answer, or in a second request  [default: with-push]"),
         click.option("--vectorised", is_flag=True,
                      help="--runtime sim: compute the gradients (or, commit rules, the windows) of waiting "
                           "workers as one batched computation (see docs/performance.md)"),
@@ -339,7 +340,7 @@ def build_config(algo_name: str, params: dict) -> RunConfig:
                      probe_every=p.get("probe_every", 0), val_split=p.get("val_split") or 0, extra=extra).validate()
 
 
-SIM_ONLY = (("vectorised", False), ("threads", None), ("message_time", None))
+SIM_ONLY = (("vectorised", False), ("threads", None), ("message_time", None), ("pull", None))
 LOCAL_ONLY = ("threads_per_worker", "worker_timeout")
 RAY_ONLY = (("address", None), ("ps_shards", 1), ("cpus_per_worker", 1.0), ("gpus_per_worker", 0.0),
             ("connect_timeout", None), ("restart_timeout", None), ("same_node_socket", True))
@@ -364,13 +365,11 @@ def build_runtime(p: dict):
     if runtime != "sim" and p.get("probe_every"):
         raise ConfigError("probe_every", f"applies to runtime sim: only the simulator can recompute a stale gradient "
                                          f"at the server's weights; runtime {runtime} cannot")
-    if runtime != "sim":
-        if p.get("threads") is not None:
-            raise ConfigError("threads", "applies to runtime sim; give the workers of runtime local their threads "
-                                         "with --threads-per-worker, those of runtime ray with --cpus-per-worker")
-        for name, default in SIM_ONLY:
-            if p.get(name, default) != default:
-                raise ConfigError(name, f"applies to runtime sim only: runtime {runtime}'s workers are real processes")
+    for name, default in SIM_ONLY if runtime != "sim" else ():
+        if p.get(name, default) != default:
+            raise ConfigError(name, f"applies to runtime sim only: runtime {runtime}'s workers are real processes" +
+                              ("; give them threads with --threads-per-worker (local) or --cpus-per-worker (ray)"
+                               if name == "threads" else ""))
     if runtime != "local":
         for name in LOCAL_ONLY:
             if p.get(name) is not None:
@@ -397,4 +396,5 @@ def build_runtime(p: dict):
     from ..runtimes.sim import Simulator
     step_time = 1.0 if p.get("step_time") is None else p["step_time"]
     return Simulator(delay=DEFAULT_DELAY if delay is None else delay, step_time=step_time, threads=p.get("threads"),
-                     vectorised=bool(p.get("vectorised")), message_time=p.get("message_time") or 0.0)
+                     vectorised=bool(p.get("vectorised")), message_time=p.get("message_time") or 0.0,
+                     pull=p.get("pull") or "with-push")

@@ -8,6 +8,7 @@ batched ``vectorised.VectorisedLoop``, which extends ``EventLoop``.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 
 from ..core.delays import DelayModel, Trace
@@ -29,7 +30,11 @@ class EventLoop:
     samples spent), and it is counted (``computations_stopped``).
     """
     pace = staticmethod(lambda: None)   # called once per message (the simulator's ThreadGovernor.tick)
-    message_time = 0.0   # seconds each message spends beyond its computation (Simulator.message_time)
+    # A real run's transport (Simulator.message_time, .pull): each message's, drawn from an exponential of
+    # this median, delays the worker's next computation; with pull "separate" (the local runtime's second
+    # request) its pull comes that long after its push, after whatever reached the server meanwhile
+    message_time = 0.0
+    pull = "with-push"
 
     def __init__(self, training: Training, delay: DelayModel, step_time: float, rng: random.Random):
         self.training, self.delay, self.step_time, self.rng = training, delay, step_time, rng
@@ -43,28 +48,42 @@ class EventLoop:
         self.parked: list[int] = []   # synchronous algorithms: finished, waiting for the round
         self.stop_at = self.algo.stop_threshold(self.server.num_workers)
         self.stopped = [0] * len(self.workers)   # computations stopped (stop_at), per worker
+        self.pulls: list[tuple[float, int, int]] = []   # pull "separate": (when, sequence, worker) to come
 
-    def start(self, m: int) -> None:
-        """Worker m pulls (if it pulls first) and starts computing now."""
+    def start(self, m: int, first: bool = False) -> None:
+        """Worker m pulls (if it pulls first) and starts computing now (after its transport, if modelled)."""
+        lag = 0.0
+        if self.message_time:   # (drawn only when given: the clock of every other run stays bit for bit)
+            lag = self.rng.expovariate(math.log(2) / self.message_time)
         if self.algo.pull_before_compute:
-            # into the worker's own buffer: no allocation per pull
-            self.pulled[m] = self.server.pull(m, out=self.pulled[m])
+            if lag and self.pull == "separate" and not first:
+                self.pulls = [p for p in self.pulls if p[2] != m]   # (a stopped worker's pull to come)
+                heapq.heappush(self.pulls, (self.now + lag, self.seq, m))
+            else:   # into the worker's own buffer: no allocation per pull
+                self.pulled[m] = self.server.pull(m, out=self.pulled[m])
         base = self.step_time * self.algo.steps_per_message
         finish = self.now + self.delay.duration(m, self.rng, self.now, base)
-        if self.message_time:   # (added only when given: the clock of every other run stays bit for bit)
-            finish += self.message_time
+        if lag:
+            finish += lag
         heapq.heappush(self.heap, (finish, self.seq, m))
         self.seq += 1
 
+    def pull_due(self, when: float) -> None:
+        """The separate pulls that come before the event at ``when`` (a worker's own always does)."""
+        while self.pulls and self.pulls[0][0] <= when:
+            m = heapq.heappop(self.pulls)[2]
+            self.pulled[m] = self.server.pull(m, out=self.pulled[m])
+
     def begin(self) -> None:
         for m in range(len(self.workers)):
-            self.start(m)
+            self.start(m, first=True)
 
     def state_dict(self) -> dict:
         return {"kind": "events", "heap": list(self.heap), "seq": self.seq, "now": self.now,
                 "parked": list(self.parked), "pulled": list(self.pulled), "rng": self.rng.getstate(),
                 "workers": [w.state_dict() for w in self.workers],
-                **({"stopped": list(self.stopped)} if self.stop_at is not None else {})}
+                **({"stopped": list(self.stopped)} if self.stop_at is not None else {}),
+                **({"pulls": list(self.pulls)} if self.pulls else {})}
 
     def load_state_dict(self, st: dict) -> None:
         if st.get("kind") != "events":
@@ -74,12 +93,15 @@ class EventLoop:
         self.parked, self.pulled = list(st["parked"]), to_device(list(st["pulled"]), self.server.w.device)
         self.rng.setstate(as_tuple(st["rng"]))
         self.stopped = [int(k) for k in st.get("stopped", [0] * len(self.workers))]
+        self.pulls = [(float(t), int(q), int(m)) for t, q, m in st.get("pulls", [])]
         load_workers(self.workers, st["workers"])
 
     def run(self) -> None:
         training = self.training
         while not training.done:
             self.now, _, m = heapq.heappop(self.heap)
+            if self.pulls:
+                self.pull_due(self.now)
             worker, lr = self.workers[m], training.lr
             loss, computed = worker.compute(self.pulled[m], lr)
             self.deliver(m, loss, computed, lr, worker.train_acc)

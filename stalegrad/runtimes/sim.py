@@ -19,11 +19,15 @@ from .base import Training
 from .events import EventLoop, Replay
 
 
+PULLS = ("with-push", "separate")
+
+
 @dataclass
 class Simulator:
     delay: str | DelayModel = DEFAULT_DELAY   # docs/delays.md: measured, not round-robin lockstep
     step_time: float = 1.0   # virtual seconds of one local step of a speed-1 worker
-    message_time: float = 0.0  # virtual seconds each message adds to its computation: a real run's transport
+    message_time: float = 0.0  # median virtual seconds of a message's transport (exponential): a real run's
+    pull: str = "with-push"    # "with-push": the weights come back with the push; "separate": a second request
     vectorised: bool = False  # batch the gradients of workers whose pushes fall due together
     threads: int | None = None  # torch's intra-op threads; None: measured (numerics.ThreadGovernor)
     supports_probes = True    # calls training.probes.observe (stalegrad/core/prober.py) with every message
@@ -33,6 +37,11 @@ class Simulator:
     def __post_init__(self):
         check_finite_positive("step_time", self.step_time)
         check_finite_positive("message_time", self.message_time, strict=False)
+        if self.pull not in PULLS:
+            raise ConfigError("pull", f"must be one of {', '.join(PULLS)}, got {self.pull!r}")
+        if self.pull != "with-push" and not self.message_time:
+            raise ConfigError("pull", "separate makes a pull come a message's transport after its push: give "
+                                      "the transport with message_time")
         if not isinstance(self.delay, (str, DelayModel)):
             raise ConfigError("delay", f"must be a delay model or its name, not {type(self.delay).__name__}")
         if renamed_delay(self.delay) is not None:   # 'uniform': once here, then under its new name
@@ -71,7 +80,7 @@ class Simulator:
         out = {"name": "sim", "delay": spec, "step_time": self.step_time, "vectorised": self.vectorised,
                "threads": self.threads}
         if self.message_time:   # (only when given: what a run records is otherwise unchanged)
-            out["message_time"] = self.message_time
+            out.update(message_time=self.message_time, pull=self.pull)
         return out
 
     def _agree_threads(self, training: Training) -> None:
@@ -126,7 +135,8 @@ class Simulator:
         loop = None
         if self.vectorised:
             from .vectorised import VectorisedLoop, unsupported   # torch.func: only when asked for
-            why = unsupported(training, delay, resume)
+            why = unsupported(training, delay, resume) or (
+                "a message's transport (message_time) is drawn one message at a time" if self.message_time else None)
             if why is None:
                 loop = VectorisedLoop(training, delay, self.step_time, rng)
             else:
@@ -135,7 +145,7 @@ class Simulator:
             loop = Replay(training, delay, self.step_time)
         elif loop is None:
             loop = EventLoop(training, delay, self.step_time, rng)
-        loop.message_time = self.message_time
+        loop.message_time, loop.pull = self.message_time, self.pull
         if self._governor is not None:
             self._agree_threads(training)
             loop.pace = self._governor.tick
