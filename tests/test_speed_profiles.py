@@ -281,3 +281,20 @@ def test_the_transport_options_are_checked():
     res = sg.train("logreg", TRAIN, TEST, "asgd", 3, Simulator(vectorised=True, message_time=0.1), epochs=1,
                    batch_size=8, seed=0)
     assert any("transport (message_time) is drawn one message at a time" in n for n in res.summary["notes"])
+
+
+def test_a_recorded_trace_paces_a_real_run_at_each_worker_s_recorded_speed(tmp_path):
+    """Record a paced run whose last worker is 4x slower, then pace a new real run by that trace alone."""
+    trace = tmp_path / "t.csv"
+    common = ["--workers", "3", "--dataset", "digits", "--model", "logreg", "--epochs", "6", "--batch-size", "32",
+              "-q", "--runtime", "local"]
+    assert main(["train", *common, "--delay", "straggler:4", "--step-time", "0.01", "--record-trace", str(trace),
+                 "--out", str(tmp_path / "recorded")]) == 0
+    model = parse_delay(f"trace:{trace}", 3)
+    gaps = model.mean_gap
+    assert gaps[2] / gaps[0] == pytest.approx(4.0, rel=0.3)
+    assert model.fastest(2) == gaps[2]
+    assert main(["train", *common, "--delay", f"trace:{trace}", "--step-time", "0.01",
+                 "--out", str(tmp_path / "replayed")]) == 0
+    per = json.loads((tmp_path / "replayed" / "summary.json").read_text())["pacing"]["per_worker"]
+    assert per[2]["messages"] / per[0]["messages"] == pytest.approx(gaps[0] / gaps[2], rel=0.35)

@@ -252,11 +252,14 @@ class Trace(DelayModel):
     spec: str = ""
 
     def factor(self, worker, rng):
-        # Only used by synchronous algorithms: a worker's mean recorded step.
+        # The simulator's synchronous rules and the real runtimes' pacing: a worker's mean recorded step.
         return self.mean_gap.get(worker, 1.0)
 
     def longest(self, num_workers):
         return max([1.0, *self.mean_gap.values()])
+
+    def fastest(self, worker):   # (a real runtime paces each worker at its recorded mean speed)
+        return self.mean_gap.get(worker, 1.0)
 
     @property
     def mean_gap(self) -> dict[int, float]:

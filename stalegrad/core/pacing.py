@@ -182,6 +182,16 @@ def check(delay, step_time, num_workers: int, steps: int) -> DelayModel | None:
     return model
 
 
+def check_run(delay, step_time, config) -> None:
+    """``check`` for a run's ``RunConfig`` (resolved here if its algorithm is still a name); nothing to check
+    without a profile or a step time."""
+    if delay is None and step_time is None:
+        return
+    if isinstance(config.algorithm, str):
+        config = config.validate()
+    check(delay, step_time, config.workers, config.algorithm.steps_per_message)
+
+
 def resolve(delay, step_time, factory, num_workers: int, steps: int, threads: int, cores: int) -> Profile | None:
     """The profile a real runtime paces its workers by (None without ``delay``): the step time as given, else
     sized by ``automatic_step_time`` from one local step measured here."""

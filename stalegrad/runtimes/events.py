@@ -50,13 +50,13 @@ class EventLoop:
         self.stopped = [0] * len(self.workers)   # computations stopped (stop_at), per worker
         self.pulls: list[tuple[float, int, int]] = []   # pull "separate": (when, sequence, worker) to come
 
-    def start(self, m: int, first: bool = False) -> None:
+    def start(self, m: int) -> None:
         """Worker m pulls (if it pulls first) and starts computing now (after its transport, if modelled)."""
         lag = 0.0
         if self.message_time:   # (drawn only when given: the clock of every other run stays bit for bit)
             lag = self.rng.expovariate(math.log(2) / self.message_time)
         if self.algo.pull_before_compute:
-            if lag and self.pull == "separate" and not first:
+            if lag and self.pull == "separate" and self.pulled[m] is not None:   # (its first pull: at once)
                 self.pulls = [p for p in self.pulls if p[2] != m]   # (a stopped worker's pull to come)
                 heapq.heappush(self.pulls, (self.now + lag, self.seq, m))
             else:   # into the worker's own buffer: no allocation per pull
@@ -76,7 +76,7 @@ class EventLoop:
 
     def begin(self) -> None:
         for m in range(len(self.workers)):
-            self.start(m, first=True)
+            self.start(m)
 
     def state_dict(self) -> dict:
         return {"kind": "events", "heap": list(self.heap), "seq": self.seq, "now": self.now,

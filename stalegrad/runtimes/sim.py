@@ -145,7 +145,10 @@ class Simulator:
             loop = Replay(training, delay, self.step_time)
         elif loop is None:
             loop = EventLoop(training, delay, self.step_time, rng)
-        loop.message_time, loop.pull = self.message_time, self.pull
+        if isinstance(loop, EventLoop):
+            loop.message_time, loop.pull = self.message_time, self.pull
+        elif self.message_time:
+            training.note("message_time not used: a trace replay pulls at the recorded versions and times")
         if self._governor is not None:
             self._agree_threads(training)
             loop.pace = self._governor.tick

@@ -85,7 +85,7 @@ class LocalRuntime:
     def check(self, config) -> None:
         """Refuse options that cannot work for this run (before anything is written)."""
         check_workers(config.workers)
-        pacing.check(self.delay, self.step_time, config.workers, config.algorithm.steps_per_message)
+        pacing.check_run(self.delay, self.step_time, config)
         if self.record_trace is not None:
             check_writable("record_trace", self.record_trace)
 

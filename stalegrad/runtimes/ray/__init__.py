@@ -134,7 +134,7 @@ class RayRuntime:
         if self.record_trace is not None:
             from ...errors import check_writable
             check_writable("record_trace", self.record_trace)
-        pacing.check(self.delay, self.step_time, config.workers, config.algorithm.steps_per_message)
+        pacing.check_run(self.delay, self.step_time, config)
         self.check_placement(config.workers)
 
     def cluster_nodes(self) -> tuple[list[dict], str]:
