@@ -30,6 +30,24 @@ def blobs(n=256, d=8, classes=3, seed=0):
     return SimpleNamespace(x=x, y=y, num_classes=classes)
 
 
+def logreg_grad(X, Y, classes: int):
+    """Multinomial logistic regression's gradient on float64 arrays (X, Y), by hand, as the references use it:
+    ``grad(w, idx) = X^T (softmax(X W^T + b) - onehot) / B`` on the rows ``idx``, w = (W flattened, b)."""
+    import numpy as np
+    C, D = classes, X.shape[1]
+
+    def grad(w, idx):
+        W, b = w[:C * D].reshape(C, D), w[C * D:]
+        x, y = X[idx], Y[idx]
+        z = x @ W.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        p[np.arange(len(y)), y] -= 1
+        p /= len(y)
+        return np.concatenate([(p.T @ x).ravel(), p.sum(0)])
+    return grad
+
+
 # The training and test sets of the simulator, checkpoint and reference tests.
 TRAIN, TEST = blobs(seed=0), blobs(n=128, seed=1)
 

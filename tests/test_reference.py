@@ -16,22 +16,14 @@ import stalegrad as sg
 from stalegrad.runtimes import Simulator
 from stalegrad.core.worker import BatchStream
 
-from helpers import TEST, TRAIN
+from helpers import TEST, TRAIN, logreg_grad
 
 X = TRAIN.x.double().numpy()
 Y = TRAIN.y.numpy()
 C, D = 3, X.shape[1]
 
 
-def grad(w, idx):
-    W, b = w[:C * D].reshape(C, D), w[C * D:]
-    x, y = X[idx], Y[idx]
-    z = x @ W.T + b
-    p = np.exp(z - z.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1
-    p /= len(y)
-    return np.concatenate([(p.T @ x).ravel(), p.sum(0)])
+grad = logreg_grad(X, Y, C)
 
 
 def library_run(algorithm, M, epochs=2, B=8, lr=0.1, seed=3):

@@ -26,7 +26,7 @@ from stalegrad.core.worker import BatchStream
 from stalegrad.errors import ConfigError
 from stalegrad.runtimes import Simulator
 
-from helpers import TEST, TRAIN
+from helpers import TEST, TRAIN, logreg_grad
 
 KERNELS = ["torch", pytest.param("numba", marks=pytest.mark.skipif(
     importlib.util.find_spec("numba") is None, reason="the fused kernels need numba"))]
@@ -323,16 +323,7 @@ Y = TRAIN.y.numpy()
 C, D = 3, X.shape[1]
 
 
-def grad(w, idx):
-    """Multinomial logistic regression's gradient, by hand: X^T (softmax(XW^T + b) - onehot) / B."""
-    W, b = w[:C * D].reshape(C, D), w[C * D:]
-    x, y = X[idx], Y[idx]
-    z = x @ W.T + b
-    p = np.exp(z - z.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1
-    p /= len(y)
-    return np.concatenate([(p.T @ x).ravel(), p.sum(0)])
+grad = logreg_grad(X, Y, C)
 
 
 def reference_run(name, algo, M, w0, streams, messages, lr):
