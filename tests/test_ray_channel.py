@@ -172,3 +172,95 @@ def test_a_shard_opens_its_socket_for_weights_up_to_ray_s_inline_limit_only():
     assert small.direct(1, 0, 0.0, False) == channel   # a new ledger, the same socket
     conn.close()
     small.listener.close()
+
+
+# ---- issue 44: what a local peer can do to the socket ---------------------------------------------------
+def within(seconds: float, fn, *args):
+    """``fn(*args)``, or a failure after ``seconds`` (a connect without a deadline would hang the suite)."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"{fn.__name__} still waiting after {seconds} s"
+    return out[0]
+
+
+def shard_threads() -> int:
+    return sum(t.name == "stalegrad-shard-worker" for t in threading.enumerate())
+
+
+def idle_peers(address: str, n: int) -> list:
+    """``n`` connections that never answer the challenge (any local user can open them)."""
+    peers = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(address)
+        peers.append(s)
+    return peers
+
+
+def test_idle_peers_hold_a_bounded_number_of_threads_for_a_second_and_the_workers_still_connect(listener):
+    from stalegrad.runtimes.ray import channel
+    before = shard_threads()
+    peers = idle_peers(listener.address, 400)
+    time.sleep(0.3)
+    assert shard_threads() - before <= channel.MAX_UNAUTHENTICATED   # (400 before the cap)
+    assert listener.refused >= 400 - channel.MAX_UNAUTHENTICATED - 5
+    deadline = time.monotonic() + channel.HANDSHAKE_S + 3
+    while listener.unauthenticated and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert listener.unauthenticated == 0 and shard_threads() == before   # the deadline closed them
+    conn = connect(listener.channel)   # (the peers are still connected, silent)
+    assert conn is not None and conn.call("pull", 1, 0) == ("pull", (1, 0))
+    conn.close()
+    for s in peers:
+        s.close()
+
+
+def _serve_with_few_descriptors(address_out, go, done):
+    import resource
+    lst = ShardListener(echo, threading.Lock())
+    used = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 12, used + 12))
+    address_out.send(lst.channel)
+    done.wait(60)
+
+
+def test_a_shard_out_of_descriptors_accepts_again_once_they_are_free():
+    """The shard's process may open 12 more descriptors: idle peers exhaust them (EMFILE), leave, and a worker
+    connects and calls (before: the accept loop ended at EMFILE, and the worker's connect hung)."""
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    go, done = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_serve_with_few_descriptors, args=(send, go, done), daemon=True)
+    proc.start()
+    try:
+        channel = recv.recv()
+        peers = idle_peers(channel[0], 30)   # (the kernel queues what accept cannot take)
+        time.sleep(0.5)
+        assert within(10, connect, channel) is None   # nothing free: Ray calls, after the deadline, not a hang
+        for s in peers:
+            s.close()
+        time.sleep(2.5)                      # the peers' challenges end; the loop's back-off ends
+        conn = within(10, connect, channel)
+        assert conn is not None and conn.call("pull", 3, 0) == ("pull", (3, 0))
+        conn.close()
+    finally:
+        done.set()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+
+
+def test_a_socket_that_never_answers_costs_a_worker_the_deadline_then_ray_calls():
+    from stalegrad.runtimes.ray.channel import CONNECT_S
+    address = "\0stalegrad-test-" + os.urandom(8).hex()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    server.listen(1)   # accepted by the kernel, never served
+    try:
+        t = time.monotonic()
+        assert within(10, connect, (address, b"k" * 32)) is None
+        assert CONNECT_S - 0.2 < time.monotonic() - t < CONNECT_S + 2
+    finally:
+        server.close()

@@ -15,7 +15,11 @@ worker on another machine, and every call of a model whose weights exceed ``MAX_
   socket (``available``).
 - **Only the run's workers**: a random key, handed to the workers through Ray, authenticates each
   connection (multiprocessing's HMAC challenge) before anything is read from it; anything else that
-  connects is dropped, and one that never answers holds only its own thread, never the others' accept.
+  connects is dropped. Any local user can reach the address (``/proc/net/unix`` lists it), so a peer gets
+  ``HANDSHAKE_S`` to answer, at most ``MAX_UNAUTHENTICATED`` peers are in their challenge at once (more are
+  closed on arrival), and the accept loop outlives a lack of descriptors or threads (it backs off and goes
+  on). A worker gives the socket ``CONNECT_S`` to connect and authenticate, else it makes its calls through
+  Ray, with the same bits. So a local peer can slow a run down to Ray calls, not stop or alter it.
 - **Faults as with a Ray call**: a shard that dies closes its sockets with its process, and the worker's call
   raises ``ChannelClosed`` (the worker reports LOST, as for a dead actor); a worker that dies closes its
   end, and the shard's thread for it ends. An error inside the call (a NaN under ``on_nonfinite`` "stop")
@@ -33,7 +37,9 @@ import socket
 import struct
 import sys
 import threading
-from multiprocessing.connection import AuthenticationError, Client, Listener, answer_challenge, deliver_challenge
+import time
+from multiprocessing.connection import (AuthenticationError, Connection, Listener, answer_challenge,
+                                        deliver_challenge)
 
 
 # The largest weights (in bytes) served through the socket; above it, Ray calls. Up to this size Ray copies
@@ -44,6 +50,9 @@ from multiprocessing.connection import AuthenticationError, Client, Listener, an
 # 25 ms), but in training, agn-mlp's four workers sharing two cores, its throughput fell to 0.8 of Ray
 # calls' (docs/performance.md, section 6).
 MAX_BYTES = 1 << 20
+HANDSHAKE_S = 1.0          # seconds a connecting peer has to answer the key's challenge
+MAX_UNAUTHENTICATED = 32   # peers in their challenge at once; more are closed on arrival (a run has few workers)
+CONNECT_S = 2.0            # seconds a worker gives the shard's socket to connect and authenticate
 
 
 class ChannelClosed(ConnectionError):
@@ -102,6 +111,15 @@ def available() -> bool:
     return sys.platform.startswith("linux")
 
 
+def _time_limit(conn, seconds: float) -> None:
+    """Reads and writes on ``conn`` fail (OSError) after ``seconds`` of waiting; 0: they wait for ever."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))   # (a duplicate: the options are the socket's own)
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+    sock.close()
+
+
 class ShardListener:
     """Serve ``handle(op, *args)`` under ``lock`` to every worker that connects with the key."""
 
@@ -113,6 +131,10 @@ class ShardListener:
         # would stop every later worker from connecting; each connection's thread runs it instead)
         self.listener = Listener(self.address, family="AF_UNIX")
         self.served = 0   # calls answered since the owner last took the count (``take_served``)
+        self.unauthenticated = 0   # peers in their challenge now
+        self.refused = 0           # peers closed on arrival: MAX_UNAUTHENTICATED were in their challenge
+        self.closed = False
+        self._count = threading.Lock()
         threading.Thread(target=self._accept, name="stalegrad-shard-socket", daemon=True).start()
 
     @property
@@ -120,20 +142,48 @@ class ShardListener:
         return self.address, self.key
 
     def _accept(self) -> None:
-        while True:
+        pause, said = 0.01, False
+        while not self.closed:
             try:
                 conn = self.listener.accept()
-            except OSError:
-                return     # the listener was closed
-            threading.Thread(target=self._serve, args=(conn,), name="stalegrad-shard-worker", daemon=True).start()
+                with self._count:
+                    full = self.unauthenticated >= MAX_UNAUTHENTICATED
+                    self.unauthenticated += not full
+                if full:
+                    self.refused += 1
+                    conn.close()
+                    continue
+                try:
+                    threading.Thread(target=self._serve, args=(conn,), name="stalegrad-shard-worker",
+                                     daemon=True).start()
+                except RuntimeError:   # (no thread to be had now: as a lack of descriptors below)
+                    with self._count:
+                        self.unauthenticated -= 1
+                    conn.close()
+                    raise OSError("cannot start a thread") from None
+                pause = 0.01
+            except OSError as e:
+                if self.closed:
+                    return     # the listener was closed
+                if not said:   # out of descriptors (EMFILE), memory or threads: for a while, not for good
+                    said = True
+                    print(f"stalegrad: the server shard's socket could not accept a worker ({e.strerror or e}); "
+                          "it tries again, and the workers meanwhile make Ray calls", file=sys.stderr, flush=True)
+                time.sleep(pause)
+                pause = min(1.0, 2 * pause)
 
     def _serve(self, conn) -> None:
         try:
+            _time_limit(conn, HANDSHAKE_S)
             deliver_challenge(conn, self.key)   # (both ways, as Listener(authkey=...) does)
             answer_challenge(conn, self.key)
+            _time_limit(conn, 0)
         except (AuthenticationError, EOFError, OSError):
-            conn.close()   # (a connection without the key, or one that left during the challenge)
+            conn.close()   # (without the key, silent past the deadline, or gone during the challenge)
             return
+        finally:
+            with self._count:
+                self.unauthenticated -= 1
         wire = Wire(conn)
         try:
             while True:
@@ -156,6 +206,7 @@ class ShardListener:
         return served
 
     def close(self) -> None:
+        self.closed = True
         self.listener.close()
 
 
@@ -185,7 +236,21 @@ def connect(channel: tuple[str, bytes] | None) -> ShardConnection | None:
     if channel is None or not available():
         return None
     address, key = channel
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:   # (multiprocessing's Client, with a deadline: a shard that cannot serve now costs CONNECT_S once)
+        sock.settimeout(CONNECT_S)
+        sock.connect(address)
+        sock.settimeout(None)
+        conn = Connection(sock.detach())
+    except OSError:
+        sock.close()
+        return None
     try:
-        return ShardConnection(Client(address, family="AF_UNIX", authkey=key))
+        _time_limit(conn, CONNECT_S)
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+        _time_limit(conn, 0)
+        return ShardConnection(conn)
     except (OSError, EOFError, AuthenticationError):
+        conn.close()
         return None
