@@ -17,6 +17,7 @@ from click.core import ParameterSource
 
 from ..algorithms import ALGORITHMS, make_algorithm, renamed
 from ..run.config import ON_NONFINITE, PARTITIONS, RunConfig
+from ..run.files import CONFIG_LIMIT, UnreadableFile, read_text
 from ..data import DATASETS
 from ..core.delays import DEFAULT_DELAY, DELAY_MODELS, deprecation, renamed_delay
 from ..errors import ConfigError, UsageError
@@ -226,12 +227,11 @@ CONFIG_TABLE = "train"   # a config file holds its keys at the top level or in o
 def read_config_table(path: str, is_option=lambda key: False) -> dict:
     """The options of a --config file, keys as written; UsageError naming the file for a file that cannot
     be read, is not TOML, or holds a table other than [train] or keys both in and outside it."""
-    try:
-        with open(path, "rb") as fh:
-            table = tomllib.load(fh)
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read it ({e.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    try:   # (regular, bounded: not /dev/zero, a FIFO or a file of gigabytes)
+        table = tomllib.loads(read_text(path, CONFIG_LIMIT))
+    except (FileNotFoundError, UnreadableFile) as e:
+        raise UsageError(f"{path}: {getattr(e, 'reason', 'does not exist')}; give a TOML file of options") from None
+    except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path}: not valid TOML ({e})") from None
     tables = [k for k, v in table.items() if isinstance(v, dict) and not is_option(k)]   # (an option's
     # inline table is a value of the wrong type: apply_config_file says so)

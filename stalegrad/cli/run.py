@@ -11,6 +11,7 @@ from click.core import ParameterSource
 from ..algorithms import ALGORITHMS, as_saved
 from ..core.delays import DEFAULT_DELAY, renamed_delay
 from ..errors import UsageError
+from ..run.files import CONFIG_LIMIT, UnreadableFile, read_text
 from .options import ALGO_FLAGS, NOT_IN_CONFIG, apply_config_file, build_config, build_runtime, named_in_file, run_options
 
 
@@ -173,17 +174,17 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
     """The options of the run in ``run_dir``, from its config.json."""
     refuse_resume_options(ctx, run_dir)
     try:
-        cfg = json.loads((run_dir / "config.json").read_text())
+        cfg = json.loads(read_text(run_dir / "config.json", CONFIG_LIMIT))
         algorithm = dict(cfg["algorithm"])
         runtime = dict(cfg["runtime"])
     except FileNotFoundError:
         raise UsageError(f"--resume {run_dir}: not a stalegrad run directory (no config.json)") from None
+    except UnreadableFile as e:   # (a FIFO, /dev/zero, gigabytes: refused before anything is read)
+        raise UsageError(f"--resume {run_dir}: config.json {e.reason}; restore the file the run wrote, or start "
+                         "afresh with --out") from None
     except OSError as e:   # a directory in its place, no permission to read it
         raise UsageError(f"--resume {run_dir}: cannot read config.json ({e.strerror or e}); make it the "
                          "readable file the run wrote, or start afresh with --out") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--resume {run_dir}: config.json is damaged (not UTF-8 text); restore the file the "
-                         "run wrote, or start afresh with --out") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise UsageError(f"--resume {run_dir}: config.json is damaged ({e})") from None
     resumed = dict(params)

@@ -34,6 +34,10 @@ class UnreadableFile(Exception):
         self.reason = reason
 
 
+# An options file (--config) or a run's config.json: a few KiB; a MiB is thousands of options.
+CONFIG_LIMIT = 2**20
+
+
 def read_text(path: str | os.PathLike, limit: int) -> str:
     """The UTF-8 text of the regular file ``path`` of at most ``limit`` bytes, read without blocking on a FIFO
     and without reading past the limit; ``FileNotFoundError`` when it is missing, else ``UnreadableFile``."""
