@@ -117,13 +117,21 @@ def test_a_worker_slower_than_its_profile_is_counted_and_named():
     assert f["late_s"] == pytest.approx(0.005 + 0.002)
     assert f["waited_s"] == pytest.approx(0.006 + 0.005)
     quiet = {"worker": 0, "messages": 4, "compute_s": 0.02, "waited_s": 0.02, "overruns": 0, "late_s": 0.0}
-    report, text = pacing.report([quiet, f], parse_delay("round-robin", 2), 0.01, "given", None, updates=[4, 3])
+    from stalegrad.core.staleness import StalenessLog
+    server = type("Server", (), {"num_workers": 2, "staleness": StalenessLog(2)})()
+    for m in (0, 1, 0, 1, 0, 1, 0):   # 4 and 3 applied updates
+        server.staleness.record(m, 1)
+    profile = pacing.Profile(parse_delay("round-robin", 2), 0.01, 1, "given", None)
+    report, text = profile.summary({0: quiet, 1: f}, server, 0.5)
     assert report["overrun_workers"] == [1] and report["per_worker"][1]["updates"] == 3
+    assert report["per_worker"][0]["updates"] == 4 and report["started_s"] == 0.5
     assert "worker 1 (2 of 4 messages late, by 3.5 ms on average)" in text and "\n" not in text
     assert "raise --step-time" in text
     # late by 1% of its paced time or less: kept (a first message's allocations)
     barely = {**quiet, "worker": 1, "overruns": 1, "late_s": 0.0004}
-    assert pacing.report([quiet, barely], parse_delay("round-robin", 2), 0.01, "given", None) [1] is None
+    assert profile.summary({0: quiet, 1: barely}, server, 0.5)[1] is None
+    # a worker without figures (lost with its process) counts zeros
+    assert profile.summary({0: quiet}, server, 0.5)[0]["per_worker"][1]["messages"] == 0
 
 
 def test_a_time_changing_profile_reads_the_run_s_second():

@@ -82,26 +82,6 @@ class Pacer:
                 "waited_s": round(self.waited_s, 6), "overruns": self.overruns, "late_s": round(self.late_s, 6)}
 
 
-def report(per_worker: list[dict], delay: DelayModel, step_time: float, source: str,
-           measured_step_s: float | None, updates: list[int] | None = None) -> tuple[dict, str | None]:
-    """``summary.json``'s ``pacing`` from the workers' figures (with ``updates``, each worker's messages the
-    server applied), and a one-line note naming the workers that could not keep to the profile (None when
-    every one did)."""
-    if updates is not None:
-        per_worker = [{"worker": f["worker"], "updates": updates[f["worker"]],
-                       **{k: v for k, v in f.items() if k != "worker"}} for f in per_worker]
-    late = [f for f in per_worker if f["late_s"] > LATE_SHARE * (f["compute_s"] + f["waited_s"])]
-    figures = {"delay": delay.spec or type(delay).__name__, "step_time": step_time, "step_time_source": source,
-               "measured_step_s": measured_step_s, "per_worker": per_worker,
-               "overrun_workers": [f["worker"] for f in late]}
-    if not late:
-        return figures, None
-    named = ", ".join(f"worker {f['worker']} ({f['overruns']} of {f['messages']} messages late, by "
-                      f"{f['late_s'] / f['overruns'] * 1000:.1f} ms on average)" for f in late)
-    return figures, (f"speed profile {figures['delay']!r} not kept: {named} computed longer than the drawn time; "
-                     f"raise --step-time (now {step_time:.4g} s) or give the workers more cores")
-
-
 def automatic_step_time(delay: DelayModel, num_workers: int, measured_step_s: float, cores: int) -> float:
     """The step time at which the profile's workers, at their fastest, ask for 1/HEADROOM of ``cores``: a
     speed-1 worker computes ``measured_step_s`` per local step, and a worker of factor f asks for 1/f of a core
@@ -155,15 +135,26 @@ class Profile:
         return Pacer(self.delay, self.step_time, self.steps, worker, seed, t0)
 
     def summary(self, by_worker: dict[int, dict], server, started_s: float | None) -> tuple[dict, str | None]:
-        """``summary.json``'s ``pacing`` and the note naming the workers that did not keep to the profile:
-        ``by_worker`` the workers' ``Pacer.figures()`` (a worker missing from it, lost with its process,
-        counts zeros), ``server`` the run's (each worker's applied updates), ``started_s`` the run's second
-        at which the profile's second 0 fell."""
+        """``summary.json``'s ``pacing`` and a one-line note naming the workers that did not keep to the
+        profile (None when every one did): ``by_worker`` the workers' ``Pacer.figures()`` (a worker missing
+        from it, lost with its process, counts zeros), ``server`` the run's (each worker's applied updates:
+        its staleness log), ``started_s`` the run's second at which the profile's second 0 fell."""
         empty = {"messages": 0, "compute_s": 0.0, "waited_s": 0.0, "overruns": 0, "late_s": 0.0}
-        per_worker = [by_worker.get(m) or {"worker": m, **empty} for m in range(server.num_workers)]
-        figures, text = report(per_worker, self.delay, self.step_time, self.source, self.measured_step_s,
-                               applied_per_worker(server))
-        return {**figures, "started_s": started_s}, text
+        applied = server.staleness.summary()["per_worker"]
+        per_worker = [{"worker": m, "updates": applied[m]["updates"],
+                       **{k: v for k, v in (by_worker.get(m) or empty).items() if k != "worker"}}
+                      for m in range(server.num_workers)]
+        late = [f for f in per_worker if f["late_s"] > LATE_SHARE * (f["compute_s"] + f["waited_s"])]
+        spec = self.delay.spec or type(self.delay).__name__
+        figures = {"delay": spec, "step_time": self.step_time, "step_time_source": self.source,
+                   "measured_step_s": self.measured_step_s, "per_worker": per_worker,
+                   "overrun_workers": [f["worker"] for f in late], "started_s": started_s}
+        if not late:
+            return figures, None
+        named = ", ".join(f"worker {f['worker']} ({f['overruns']} of {f['messages']} messages late, by "
+                          f"{f['late_s'] / f['overruns'] * 1000:.1f} ms on average)" for f in late)
+        return figures, (f"speed profile {spec!r} not kept: {named} computed longer than the drawn time; raise "
+                         f"--step-time (now {self.step_time:.4g} s) or give the workers more cores")
 
 
 def check(delay, step_time, num_workers: int, steps: int) -> DelayModel | None:
@@ -202,14 +193,6 @@ def resolve(delay, step_time, factory, num_workers: int, steps: int, threads: in
     if step_time is None:
         return Profile(model, automatic_step_time(model, num_workers, measured, cores), steps, "auto", measured)
     return Profile(model, float(step_time), steps, "given", measured)
-
-
-def applied_per_worker(server) -> list[int]:
-    """Each worker's messages that ``server`` applied (its staleness log)."""
-    counts = [0] * server.num_workers
-    for m in server.staleness.workers:
-        counts[m] += 1
-    return counts
 
 
 def profile_description(delay, step_time) -> dict:

@@ -57,7 +57,9 @@ class EventLoop:
             lag = self.rng.expovariate(math.log(2) / self.message_time)
         if self.algo.pull_before_compute:
             if lag and self.pull == "separate" and self.pulled[m] is not None:   # (its first pull: at once)
-                self.pulls = [p for p in self.pulls if p[2] != m]   # (a stopped worker's pull to come)
+                if any(p[2] == m for p in self.pulls):   # a stopped worker's pull still to come: replaced
+                    self.pulls = [p for p in self.pulls if p[2] != m]
+                    heapq.heapify(self.pulls)
                 heapq.heappush(self.pulls, (self.now + lag, self.seq, m))
             else:   # into the worker's own buffer: no allocation per pull
                 self.pulled[m] = self.server.pull(m, out=self.pulled[m])
