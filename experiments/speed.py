@@ -1,0 +1,276 @@
+"""The registered speed study (issue 42, docs/results/speed/PLAN.md): its runs, its selection, its page.
+
+    python experiments/speed.py run select [--jobs 2]     # stage 1: every rate on the selection seeds
+    python experiments/speed.py collect select            # the runs' curves into docs/results/speed/runs/
+    python experiments/speed.py run report                # the selected rates on the reporting seeds
+    python experiments/speed.py run mechanism             # DC-ASGD-a and its controls at every rate
+    python experiments/speed.py run local --jobs 1        # the local runtime's subset, one run at a time
+    python experiments/speed.py collect report|mechanism|local
+    python experiments/speed.py page                      # docs/results/SPEED.md from the collected runs
+
+Every stage is resumable: a run whose summary.json exists is skipped. The runs live in runs/speed/<stage>/; only
+their curves and summaries (one line a run in docs/results/speed/runs/<stage>.jsonl) are committed, and the page
+and the selection are computed from those alone, so a test regenerates the page from the repository.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from stalegrad.core.delays import parse_delay                      # noqa: E402
+from stalegrad.study.grid import toml_value                       # noqa: E402
+from stalegrad.study.report_curves import time_to_target           # noqa: E402
+from stalegrad.study.selection import run_failure                  # noqa: E402
+
+PLAN = ROOT / "experiments" / "speed" / "plan.toml"
+COLLECTED = ROOT / "docs" / "results" / "speed" / "runs"
+RUNS = ROOT / "runs" / "speed"
+STAGES = ("select", "report", "mechanism", "local")
+TRAIN_SAMPLES = 50000          # Fashion-MNIST's 60,000 training samples less the 10,000 held out
+CURVE_KEYS = ("epoch", "virtual_s", "wall_s", "val_acc", "test_acc")
+
+
+def load_plan(path: Path = PLAN) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+# ---------------------------------------------------------------- the clock's horizon and a run's time
+
+def ideal_time(profile: str, workers: int, epochs: float, batch_size: int, step_time: float = 1.0) -> float:
+    """Virtual seconds that ideal asynchronous SGD takes for ``epochs``: the steps over the workers' summed
+    speeds, worker i's speed being 1 / its mean step time under the profile."""
+    model = parse_delay(profile, workers)
+    steps = epochs * TRAIN_SAMPLES / batch_size
+    return steps * step_time / sum(1.0 / model.fastest(i) for i in range(workers))
+
+
+def horizon(plan: dict, profile_key: str | None, workers: int) -> float:
+    """H of a cell (PLAN.md): horizon_share x the ideal 5-epoch time under the profile; ``profile_key`` None:
+    sequential SGD's own horizon (one worker of speed 1)."""
+    o = plan["time"]["options"]
+    spec = "round-robin" if profile_key is None else plan["time"]["profiles"][profile_key]
+    return plan["rules"]["horizon_share"] * ideal_time(spec, workers, o["epochs"], o["batch_size"])
+
+
+def failed(run: dict, plan: dict) -> bool:
+    s = run["summary"]
+    acc = s.get("final_test_acc")
+    return (run_failure(s, 10) is not None or not isinstance(acc, (int, float))
+            or not math.isfinite(acc) or acc <= plan["rules"]["failed_at_most"])
+
+
+def time_reached(run: dict, target: float, h: float, plan: dict, clock: str = "virtual_s",
+                 scale: float = 1.0) -> tuple[float, bool]:
+    """(T, reached): the run's first crossing of the validation ``target`` on ``clock`` / ``scale``, or
+    (H, False) when it never reaches it by H or the run failed (censored: PLAN.md)."""
+    if failed(run, plan):
+        return h, False
+    metrics = [dict(zip(CURVE_KEYS, row)) for row in run["curve"]]
+    hit = time_to_target(metrics, target, key="val_acc")
+    if hit is None or hit[clock] / scale > h:
+        return h, False
+    return hit[clock] / scale, True
+
+
+# ---------------------------------------------------------------- the runs of each stage
+
+def _run(name: str, options: dict) -> dict:
+    return {"name": name, "options": options}
+
+
+def time_runs(plan: dict, arm: str, lr: float, seeds, workers: int, profiles) -> list[dict]:
+    t = plan["time"]
+    spec = t["arms"][arm]
+    out = []
+    for p in profiles:
+        for seed in seeds:
+            o = {**t["options"], "algo": arm, "workers": workers, "delay": t["profiles"][p],
+                 **spec.get("options", {}), "lr": lr, "seed": seed}
+            m = "" if arm == "sgd" else f"_M{workers}_{p}"
+            out.append(_run(f"{arm}{m}_lr{lr:g}_s{seed}", o))
+    return out
+
+
+def runs_of(stage: str, plan: dict, selected: dict | None = None) -> list[dict]:
+    t, seeds = plan["time"], plan["seeds"]
+    if stage == "select":
+        out = []
+        for arm, spec in t["arms"].items():
+            for lr in spec["rates"]:
+                if arm == "sgd":
+                    out += time_runs(plan, arm, lr, seeds["select"], 1, [t["select_profile_key"]])
+                    continue
+                for M in t["workers"]:
+                    out += time_runs(plan, arm, lr, seeds["select"], M, [t["select_profile_key"]])
+        return out
+    if stage == "report":
+        out = time_runs(plan, "sgd", selected[("sgd", 1)], seeds["report8"], 1, [t["select_profile_key"]])
+        for arm in t["arms"]:
+            if arm != "sgd":
+                for M in t["workers"]:
+                    out += time_runs(plan, arm, selected[(arm, M)], seeds[f"report{M}"], M, list(t["profiles"]))
+        return out
+    if stage == "local":
+        loc, out = plan["local"], []
+        M = loc["workers"]
+        for arm in loc["arms"]:
+            for r in time_runs(plan, arm, selected[(arm, M)], seeds["local"], M, loc["profiles"]):
+                out.append(_run("local_" + r["name"], {**r["options"], **loc["options"]}))
+        return out
+    if stage == "mechanism":
+        mech, out = plan["mechanism"], []
+        for arm in mech["arms"]:
+            for M in mech["workers"]:
+                for lr in mech["rates"]:
+                    for seed in seeds["mechanism"]:
+                        o = {**mech["options"], "algo": arm, "workers": M, "lr": lr, "seed": seed}
+                        out.append(_run(f"{arm}_M{M}_lr{lr:g}_s{seed}", o))
+        return out
+    raise SystemExit(f"speed.py: no stage {stage!r}; the stages are {', '.join(STAGES)}")
+
+
+def _prepare(plan: dict) -> dict:
+    """The plan with the homogeneous profile's key found (select_profile names a spec)."""
+    t = plan["time"]
+    t["select_profile_key"] = next(k for k, v in t["profiles"].items() if v == t["select_profile"])
+    return plan
+
+
+def _train(run: dict, stage: str, threads: int) -> tuple[str, int]:
+    out = RUNS / stage / run["name"]
+    if (out / "summary.json").exists():
+        return run["name"], 0
+    cells = RUNS / stage / "cells"
+    cells.mkdir(parents=True, exist_ok=True)
+    cfg = cells / f"{run['name']}.toml"
+    cfg.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run["options"].items()))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", "stalegrad", "train", "--config", str(cfg), "--out", str(out), "--quiet",
+           "--overwrite"]
+    with open(cells / f"{run['name']}.log", "wb") as log:
+        code = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
+                              cwd=ROOT).returncode
+    return run["name"], code
+
+
+def run_stage(stage: str, jobs: int, threads: int) -> int:
+    plan = _prepare(load_plan())
+    selected = None if stage in ("select", "mechanism") else selection(plan)["rates"]
+    runs = runs_of(stage, plan, selected)
+    todo = [r for r in runs if not (RUNS / stage / r["name"] / "summary.json").exists()]
+    print(f"{stage}: {len(runs)} runs, {len(runs) - len(todo)} done, {len(todo)} to run, {jobs} at once", flush=True)
+    bad = 0
+    with ThreadPoolExecutor(jobs) as pool:
+        for i, (name, code) in enumerate(pool.map(lambda r: _train(r, stage, threads), todo), 1):
+            bad += code != 0
+            if code or i % 20 == 0 or i == len(todo):
+                print(f"  {i}/{len(todo)} {name}" + (f" exit {code}" if code else ""), flush=True)
+    return 1 if bad else 0
+
+
+# ---------------------------------------------------------------- collect and read back
+
+def collect(stage: str) -> None:
+    """One line a finished run: its name, options, curve (CURVE_KEYS at each evaluation) and summary."""
+    plan = _prepare(load_plan())
+    selected = None if stage in ("select", "mechanism") else selection(plan)["rates"]
+    lines = []
+    for r in runs_of(stage, plan, selected):
+        d = RUNS / stage / r["name"]
+        if not (d / "summary.json").exists():
+            continue
+        summary = json.loads((d / "summary.json").read_text())
+        keep = {k: summary.get(k) for k in ("final_test_acc", "final_test_loss", "final_val_acc",
+                                            "final_val_loss", "diverged", "wall_s", "virtual_s", "samples",
+                                            "updates", "cpu", "threads", "pacing")}
+        curve = []
+        for line in (d / "metrics.jsonl").read_text().splitlines():
+            m = json.loads(line)
+            curve.append([m.get(k) for k in CURVE_KEYS])
+        lines.append(json.dumps({"name": r["name"], "options": r["options"], "curve": curve, "summary": keep},
+                                sort_keys=True))
+    COLLECTED.mkdir(parents=True, exist_ok=True)
+    (COLLECTED / f"{stage}.jsonl").write_text("".join(x + "\n" for x in lines))
+    print(f"{stage}: {len(lines)} runs collected into {COLLECTED / (stage + '.jsonl')}")
+
+
+def read_runs(stage: str, where: Path = COLLECTED) -> dict:
+    path = where / f"{stage}.jsonl"
+    if not path.exists():
+        return {}
+    return {r["name"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+# ---------------------------------------------------------------- selection (PLAN.md: before any reporting seed)
+
+def selection(plan: dict, where: Path = COLLECTED) -> dict:
+    """{"rates": {(arm, M): lr}, "scores": {(arm, M): {lr: (mean log T, reached, n)}}, "best": {M: arm}}:
+    per arm and M, the rate with the smallest mean log time over the selection seeds under the homogeneous
+    profile (censored at H), ties to the smaller rate; sgd at M = 1 on its own horizon."""
+    plan = _prepare(plan) if "select_profile_key" not in plan["time"] else plan
+    t, runs = plan["time"], read_runs("select", where)
+    rates, scores = {}, {}
+    for arm, spec in t["arms"].items():
+        for M in ([1] if arm == "sgd" else t["workers"]):
+            h = horizon(plan, None if arm == "sgd" else t["select_profile_key"], M)
+            target = t["target"][str(8 if arm == "sgd" else M)]
+            cell = {}
+            for lr in spec["rates"]:
+                rs = time_runs(plan, arm, lr, plan["seeds"]["select"], M, [t["select_profile_key"]])
+                got = [runs.get(r["name"]) for r in rs]
+                if any(g is None for g in got):
+                    cell[lr] = (math.nan, 0, len(got))
+                    continue
+                times = [time_reached(g, target, h, plan) for g in got]
+                cell[lr] = (sum(math.log(x) for x, _ in times) / len(times), sum(ok for _, ok in times), len(times))
+            scores[(arm, M)] = cell
+            done = [lr for lr in spec["rates"] if math.isfinite(cell[lr][0])]
+            if len(done) == len(spec["rates"]):
+                rates[(arm, M)] = min(done, key=lambda lr: (cell[lr][0], lr))
+    best = {}
+    for M in t["workers"]:
+        cands = [a for a in t["async_arms"] if (a, M) in rates]
+        if len(cands) == len(t["async_arms"]):
+            best[M] = min(cands, key=lambda a: (scores[(a, M)][rates[(a, M)]][0], a))
+    return {"rates": rates, "scores": scores, "best": best}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("action", choices=("run", "collect", "page", "selection"))
+    ap.add_argument("stage", nargs="?", choices=STAGES)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    if a.action in ("run", "collect") and a.stage is None:
+        ap.error(f"{a.action} needs a stage: one of {', '.join(STAGES)}")
+    if a.action == "run":
+        return run_stage(a.stage, a.jobs, a.threads)
+    if a.action == "collect":
+        collect(a.stage)
+        return 0
+    if a.action == "selection":
+        sel = selection(load_plan())
+        for (arm, M), lr in sorted(sel["rates"].items()):
+            print(f"{arm:16s} M={M:<3d} lr {lr:g}   " + "  ".join(
+                f"{x:g}: {s[0]:.3f} ({s[1]}/{s[2]})" for x, s in sel["scores"][(arm, M)].items()))
+        print("best asynchronous arm:", sel["best"])
+        return 0
+    from speed_page import write_page   # noqa: E402  (experiments/ is on sys.path when run as a script)
+    write_page()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
