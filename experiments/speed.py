@@ -20,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,7 +38,7 @@ COLLECTED = ROOT / "docs" / "results" / "speed" / "runs"
 RUNS = ROOT / "runs" / "speed"
 STAGES = ("select", "report", "mechanism", "local")
 TRAIN_SAMPLES = 50000          # Fashion-MNIST's 60,000 training samples less the 10,000 held out
-CURVE_KEYS = ("epoch", "virtual_s", "wall_s", "val_acc", "test_acc")
+CURVE_KEYS = ("epoch", "samples", "virtual_s", "wall_s", "val_acc", "test_acc")
 
 
 def load_plan(path: Path = PLAN) -> dict:
@@ -81,6 +82,16 @@ def time_reached(run: dict, target: float, h: float, plan: dict, clock: str = "v
     if hit is None or hit[clock] / scale > h:
         return h, False
     return hit[clock] / scale, True
+
+
+def accuracy_at(run: dict, h: float, plan: dict, clock: str = "virtual_s") -> float:
+    """The validation accuracy of the run's last evaluation at or before H (a failed run: chance): what breaks
+    a tie between rates whose runs were all censored (PLAN.md, change 1)."""
+    if failed(run, plan):
+        return plan["rules"]["chance"]
+    before = [dict(zip(CURVE_KEYS, row)) for row in run["curve"]]
+    before = [m for m in before if m[clock] is not None and m[clock] <= h and m["val_acc"] is not None]
+    return before[-1]["val_acc"] if before else plan["rules"]["chance"]
 
 
 # ---------------------------------------------------------------- the runs of each stage
@@ -193,7 +204,8 @@ def collect(stage: str) -> None:
         summary = json.loads((d / "summary.json").read_text())
         keep = {k: summary.get(k) for k in ("final_test_acc", "final_test_loss", "final_val_acc",
                                             "final_val_loss", "diverged", "wall_s", "virtual_s", "samples",
-                                            "updates", "cpu", "threads", "pacing")}
+                                            "updates", "updates_dropped", "tau_mean", "weights_sha256",
+                                            "pacing")}
         curve = []
         for line in (d / "metrics.jsonl").read_text().splitlines():
             m = json.loads(line)
@@ -202,7 +214,20 @@ def collect(stage: str) -> None:
                                 sort_keys=True))
     COLLECTED.mkdir(parents=True, exist_ok=True)
     (COLLECTED / f"{stage}.jsonl").write_text("".join(x + "\n" for x in lines))
+    (COLLECTED / f"{stage}.machine.json").write_text(json.dumps(machine(stage), indent=1, sort_keys=True) + "\n")
     print(f"{stage}: {len(lines)} runs collected into {COLLECTED / (stage + '.jsonl')}")
+
+
+def machine(stage: str) -> dict:
+    """Where and when the stage ran: the CPU, its cores, the first run's start and the last run's end."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown")
+    starts = [p.stat().st_mtime for p in (RUNS / stage / "cells").glob("*.toml")]
+    ends = [p.stat().st_mtime for p in (RUNS / stage).glob("*/summary.json")]
+    stamp = (lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)))
+    return {"cpu": cpu, "cores": os.cpu_count(), "first_start": stamp(min(starts)) if starts else None,
+            "last_end": stamp(max(ends)) if ends else None,
+            "span_s": round(max(ends) - min(starts)) if starts and ends else None}
 
 
 def read_runs(stage: str, where: Path = COLLECTED) -> dict:
@@ -215,9 +240,10 @@ def read_runs(stage: str, where: Path = COLLECTED) -> dict:
 # ---------------------------------------------------------------- selection (PLAN.md: before any reporting seed)
 
 def selection(plan: dict, where: Path = COLLECTED) -> dict:
-    """{"rates": {(arm, M): lr}, "scores": {(arm, M): {lr: (mean log T, reached, n)}}, "best": {M: arm}}:
-    per arm and M, the rate with the smallest mean log time over the selection seeds under the homogeneous
-    profile (censored at H), ties to the smaller rate; sgd at M = 1 on its own horizon."""
+    """{"rates": {(arm, M): lr}, "scores": {(arm, M): {lr: (mean log T, reached, n, val acc at H)}},
+    "best": {M: arm}}: per arm and M, the rate with the smallest mean log time over the selection seeds under
+    the homogeneous profile (censored at H); ties (every run censored) to the higher mean validation accuracy
+    at H (PLAN.md, change 1), then to the smaller rate; sgd at M = 1 on its own horizon."""
     plan = _prepare(plan) if "select_profile_key" not in plan["time"] else plan
     t, runs = plan["time"], read_runs("select", where)
     rates, scores = {}, {}
@@ -230,19 +256,20 @@ def selection(plan: dict, where: Path = COLLECTED) -> dict:
                 rs = time_runs(plan, arm, lr, plan["seeds"]["select"], M, [t["select_profile_key"]])
                 got = [runs.get(r["name"]) for r in rs]
                 if any(g is None for g in got):
-                    cell[lr] = (math.nan, 0, len(got))
+                    cell[lr] = (math.nan, 0, len(got), math.nan)
                     continue
                 times = [time_reached(g, target, h, plan) for g in got]
-                cell[lr] = (sum(math.log(x) for x, _ in times) / len(times), sum(ok for _, ok in times), len(times))
+                cell[lr] = (sum(math.log(x) for x, _ in times) / len(times), sum(ok for _, ok in times), len(times),
+                            sum(accuracy_at(g, h, plan) for g in got) / len(got))
             scores[(arm, M)] = cell
             done = [lr for lr in spec["rates"] if math.isfinite(cell[lr][0])]
             if len(done) == len(spec["rates"]):
-                rates[(arm, M)] = min(done, key=lambda lr: (cell[lr][0], lr))
+                rates[(arm, M)] = min(done, key=lambda lr: (cell[lr][0], -cell[lr][3], lr))
     best = {}
     for M in t["workers"]:
         cands = [a for a in t["async_arms"] if (a, M) in rates]
         if len(cands) == len(t["async_arms"]):
-            best[M] = min(cands, key=lambda a: (scores[(a, M)][rates[(a, M)]][0], a))
+            best[M] = min(cands, key=lambda a: (scores[(a, M)][rates[(a, M)]][0], -scores[(a, M)][rates[(a, M)]][3], a))
     return {"rates": rates, "scores": scores, "best": best}
 
 
