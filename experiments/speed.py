@@ -74,14 +74,18 @@ def failed(run: dict, plan: dict) -> bool:
 def time_reached(run: dict, target: float, h: float, plan: dict, clock: str = "virtual_s",
                  scale: float = 1.0) -> tuple[float, bool]:
     """(T, reached): the run's first crossing of the validation ``target`` on ``clock`` / ``scale``, or
-    (H, False) when it never reaches it by H or the run failed (censored: PLAN.md)."""
+    (H, False) when it never reaches it by H or the run failed (censored: PLAN.md). On the wall clock of a
+    real runtime, time counts from the profile's second 0 (the workers' common start, ``pacing.started_s``),
+    not from the start of the run's processes."""
     if failed(run, plan):
         return h, False
     metrics = [dict(zip(CURVE_KEYS, row)) for row in run["curve"]]
     hit = time_to_target(metrics, target, key="val_acc")
-    if hit is None or hit[clock] / scale > h:
+    origin = ((run["summary"].get("pacing") or {}).get("started_s") or 0.0) if clock == "wall_s" else 0.0
+    t = None if hit is None else max(0.0, hit[clock] - origin) / scale
+    if t is None or t > h:
         return h, False
-    return hit[clock] / scale, True
+    return t, True
 
 
 def accuracy_at(run: dict, h: float, plan: dict, clock: str = "virtual_s") -> float:

@@ -285,11 +285,11 @@ def selection_table(plan, sel) -> list[str]:
     return out + ["", f"The best asynchronous arm on the selection seeds: {best or 'not yet selected'}."]
 
 
-def runs_line(stages: dict) -> list[str]:
+def runs_line(stages: dict, where: Path) -> list[str]:
     out = ["| stage | runs | training seconds (sum of the runs' wall_s) | machine | first start, last end (span) |",
            "|---|---|---|---|---|"]
     for st, runs in stages.items():
-        m = S.COLLECTED / f"{st}.machine.json"
+        m = where / f"{st}.machine.json"
         info = __import__("json").loads(m.read_text()) if m.exists() else {}
         secs = sum(r["summary"].get("wall_s") or 0 for r in runs.values())
         out.append(f"| {st} | {len(runs)} | {secs:.0f} | {info.get('cpu', 'n/a')}, {info.get('cores', 'n/a')} cores | "
@@ -297,11 +297,11 @@ def runs_line(stages: dict) -> list[str]:
     return out
 
 
-def render() -> str:
-    plan = S._prepare(S.load_plan())
-    reg = tomllib.loads(REGISTRATION.read_text())
-    stages = {st: S.read_runs(st) for st in S.STAGES}
-    sel = S.selection(plan)
+def render(where: Path = S.COLLECTED, plan: dict | None = None, registration: Path = REGISTRATION) -> str:
+    plan = S._prepare(plan or S.load_plan())
+    reg = tomllib.loads(registration.read_text())
+    stages = {st: S.read_runs(st, where) for st in S.STAGES}
+    sel = S.selection(plan, where)
     claims, _ = claims_table(plan, sel, stages["report"], stages["mechanism"])
     changes = [f"- `{c['commit']}` ({c['date']}): {c['why']}" for c in reg.get("change", [])] or ["None."]
     lines = [
@@ -338,7 +338,7 @@ def render() -> str:
         "Per arm and M under the homogeneous profile, before any reporting seed ran; the same rate then ran under "
         "every profile. sequential SGD (M = 1) on its own horizon.", "", *selection_table(plan, sel), "",
         "## Changes after registration", "", *changes, "",
-        "## The runs", "", *runs_line(stages), "",
+        "## The runs", "", *runs_line(stages, where), "",
     ]
     return "\n".join(lines)
 
