@@ -221,6 +221,22 @@ def soonest_table(plan, sel, runs, M: int) -> list[str]:
     return out
 
 
+def higher_target(plan, sel, runs, M: int = 8, target: float = 0.85) -> str:
+    """How many reporting runs at M reached ``target`` by their cell's horizon: why the registered target is
+    lower (PLAN.md, the pilots)."""
+    got = reached = 0
+    for p in plan["time"]["profiles"]:
+        for a in plan["time"]["arms"]:
+            lr = sel["rates"].get((a, 1 if a == "sgd" else M))
+            for s in seeds_for(plan, M):
+                r = None if lr is None else run_of(plan, runs, a, lr, M, p, s)
+                if r is not None:
+                    got += 1
+                    reached += S.time_reached(r, target, S.horizon(plan, p, M), plan)[1]
+    return (f"Why 80% and not 85%: of the {got} reporting runs at M = {M}, {reached} reached {100 * target:.0f}% "
+            "validation accuracy by their cell's horizon.")
+
+
 def local_table(plan, sel, sim_runs, local_runs) -> list[str]:
     loc = plan["local"]
     M, seeds, st = loc["workers"], plan["seeds"]["local"], loc["options"]["step_time"]
@@ -324,7 +340,7 @@ def render(where: Path = S.COLLECTED, plan: dict | None = None, registration: Pa
         "Each cell: the Kaplan-Meier median time to 80% validation accuracy over the reporting seeds (censored at "
         "H), how many of them reached it, and the ratio of the arm's time to the soonest arm's in that column "
         "(geometric mean over seeds, 95% t interval on the paired log ratios).", "",
-        *soonest_table(plan, sel, stages["report"], 8), "",
+        *soonest_table(plan, sel, stages["report"], 8), "", higher_target(plan, sel, stages["report"]), "",
         "## The same at 32 workers (target 75%)", "", *soonest_table(plan, sel, stages["report"], 32), "",
         "## The local runtime's subset: does the order depend on the simulator?", "",
         *local_table(plan, sel, stages["report"], stages["local"]), "",
