@@ -6,12 +6,14 @@ docs/results/confirm/PLAN.md's.
 
     python experiments/findings.py [--out docs/results/FINDINGS.md] [--root .]
 
+experiments/findings_rows.py holds what it reads (the runs) and some of its rows (each claim's regime from its runs'
+config.json, the selections, the error each correction removes on the probes, the words for an interval).
+
 tests/test_findings.py regenerates the committed page byte for byte.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -20,43 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
+from findings_rows import (CLASSES, bca_words, control_note, find, finite, load_runs, machine, regime, removed_table,
+                           selections)
 from stalegrad.study.intervals import bca
 from stalegrad.study.selection import CHANCE_MARGIN, run_failure
 from stalegrad.study.stats import holm, paired_t, t_interval
 
-CLASSES = 10   # every data set of the study (MNIST, Fashion-MNIST)
-
 
 # ---- the runs ------------------------------------------------------------------------------------------
-def load_runs(root: Path) -> dict:
-    """{grid: [run]}: each run's settings flattened (``algo``, the algorithm's parameters, the run's options),
-    its summary and, where it has them, its probes."""
-    out: dict = {}
-    base = root / "docs/results/confirm/runs"
-    for grid in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
-        for cell in sorted(p for p in grid.iterdir() if (p / "summary.json").is_file()):
-            config = json.loads((cell / "config.json").read_text())
-            algo = config.pop("algorithm")
-            flat = {"algo": algo.pop("name"), **algo, **{k: v for k, v in config.items() if not isinstance(v, dict)}}
-            probes = cell / "probes.jsonl"
-            out.setdefault(grid.name, []).append({
-                "name": cell.name, "settings": flat, "numerics": config.get("numerics", {}),
-                "summary": json.loads((cell / "summary.json").read_text()),
-                "probes": [json.loads(line) for line in probes.read_text().splitlines()] if probes.is_file() else None})
-    return out
-
-
-def find(runs: dict, side: dict, cell: dict, seed: int) -> dict | None:
-    """The one run of ``side`` (a grid and settings) in ``cell`` with ``seed``; None if it is not there."""
-    grid = cell.get("grid", side["grid"])   # a cell may move both sides to another grid (a layout's effect)
-    want = {**{k: v for k, v in side.items() if k != "grid"}, **cell, "seed": seed}
-    want.pop("grid", None)
-    found = [r for r in runs.get(grid, []) if all(r["settings"].get(k) == v for k, v in want.items())]
-    if len(found) > 1:
-        sys.exit(f"findings.py: {len(found)} runs match {grid} {want}: a claim must name one run per seed")
-    return found[0] if found else None
-
-
 def accuracy(run: dict, rules: dict) -> float:
     """Final test accuracy; a failed run enters at chance (PLAN.md: it counts against its own side)."""
     return rules["chance"] if run_failure(run["summary"], CLASSES) else run["summary"]["final_test_acc"]
@@ -68,16 +41,12 @@ def probe_value(run: dict, claim: dict) -> float:
     if run_failure(run["summary"], CLASSES):
         return claim["failed"]
     field, than = claim["field"], claim.get("than")
-    rows = [p for p in run["probes"] or [] if _finite(p.get(field)) and (than is None or _finite(p.get(than)))]
+    rows = [p for p in run["probes"] or [] if finite(p.get(field)) and (than is None or finite(p.get(than)))]
     if not rows:
         return math.nan
     if claim["kind"] == "probe_share":
         return sum(p[field] < p[than] for p in rows) / len(rows)
     return statistics.fmean(p[field] for p in rows)
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 # ---- one claim -----------------------------------------------------------------------------------------
@@ -147,7 +116,8 @@ def thesis_figure(claim: dict, plan: dict) -> str:
             return "thesis: not in its table"
         terms.append(parts[0] - parts[1] if len(parts) == 2 else (parts[0] - parts[1]) - (parts[2] - parts[3]))
     ahead = f", positive in {sum(t > 0 for t in terms)} of {len(terms)} cells" if len(terms) > 1 else ""
-    return f"thesis (its table, one run a cell): {points(statistics.fmean(terms))}{ahead}"
+    return (f"thesis (its table, one run a cell; background agn.md §4, table:agn_experiments_summary): "
+            f"{points(statistics.fmean(terms))}{ahead}")
 
 
 def verdict(result: dict, claim: dict, adjusted: dict) -> str:
@@ -163,22 +133,32 @@ def verdict(result: dict, claim: dict, adjusted: dict) -> str:
 
 # ---- the page ------------------------------------------------------------------------------------------
 def points(x: float, signed: bool = True) -> str:
-    return "n/a" if not _finite(x) else f"{100 * x:+.2f}" if signed else f"{100 * x:.2f}"
+    return "n/a" if not finite(x) else f"{100 * x:+.2f}" if signed else f"{100 * x:.2f}"
 
 
 def interval_text(iv: dict, scale: float = 100.0, fmt: str = "+.2f") -> str:
-    if not iv or not _finite(iv.get("mean")):
+    if not iv or not finite(iv.get("mean")):
         return "n/a"
-    if not (_finite(iv.get("lo")) and _finite(iv.get("hi"))):   # one seed so far: no interval yet
+    if not (finite(iv.get("lo")) and finite(iv.get("hi"))):   # one seed so far: no interval yet
         return f"{scale * iv['mean']:{fmt}} ({iv['n']} seed{'s' * (iv['n'] != 1)}, no interval)"
     return f"{scale * iv['mean']:{fmt}} [{scale * iv['lo']:{fmt}}, {scale * iv['hi']:{fmt}}] ({iv['n']} seeds)"
+
+
+def runs_read(claim: dict, plan: dict, runs: dict) -> dict:
+    """{side: [run]}: the runs a claim reads, over its cells (both ends of a change) and its seeds."""
+    cells = cells_of(claim, plan)
+    if claim.get("kind") == "change":
+        cells = [{**c, **claim[end]} for c in cells for end in ("to", "from")]
+    return {side: [r for c in cells for s in plan["seeds"][claim["seeds"]] if (r := find(runs, claim[side], c, s))]
+            for side in ("a", "b") if side in claim}
 
 
 def claims_table(plan: dict, runs: dict) -> list[str]:
     results = {c["id"]: evaluate(c, plan, runs) for c in plan["claim"]}
     adjusted = holm({k: r["p"] for k, r in results.items()}, plan["rules"]["alpha"])
-    out = ["| id | question | claim | verdict | estimate, points (a probe claim: its unit) [95% interval] | p (Holm-adjusted) | failed runs (a; b) "
-           "| the paper's figure |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| id | question | claim | verdict | estimate, points (a probe claim: its unit) [95% t interval over seeds] "
+           "| p (Holm-adjusted) | failed runs (a; b) | the paper's figure (its source) | our regime (the runs' "
+           "config.json) | deviations from the paper |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in plan["claim"]:
         r, adj = results[c["id"]], adjusted[c["id"]]
         # a probe claim is in its own unit (a share, a cosine), not in accuracy points
@@ -189,7 +169,8 @@ def claims_table(plan: dict, runs: dict) -> list[str]:
         p = "n/a" if r["missing"] else f"{r['p']:.3g} ({adj['p_adjusted']:.3g})"
         fails = "; ".join(f"{k} of {n}" for k, n in (r["failed"]["a"], r["failed"]["b"]) if n)
         out.append(f"| {c['id']} | {c['question']} | {c['text']} | **{verdict(r, c, adj)}** | {est} | {p} | "
-                   f"{fails or '-'} | {thesis_figure(c, plan) if c['paper'] == 'thesis' else c['paper']} |")
+                   f"{fails or '-'} | {thesis_figure(c, plan) if c['paper'] == 'thesis' else c['paper']} | "
+                   f"{regime(runs_read(c, plan, runs))} | {c.get('deviations', '-')} |")
     if any(r["missing"] for r in results.values()):
         out += ["", "A claim marked *missing* waits for runs not made yet: the grids run in the plan's order over several "
                 "sessions ([confirm/RUNS.md](confirm/RUNS.md)), and none was left out. Until it has its runs, it enters "
@@ -199,8 +180,8 @@ def claims_table(plan: dict, runs: dict) -> list[str]:
 
 def thesis_cells(plan: dict, runs: dict, grid: str) -> tuple[list[str], dict]:
     """The 16 cells, ours beside the thesis's, and the agreement across cells."""
-    out = ["| n | λ | AGN thesis | AGN ours | AEASGD thesis | AEASGD ours | AGN − AEASGD thesis | AGN − AEASGD ours |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| n | λ | AGN thesis | AGN ours | AGN ours − thesis | AEASGD thesis | AEASGD ours | AEASGD ours − thesis "
+           "| AGN − AEASGD thesis | AGN − AEASGD ours [95% t interval over seeds] |", "|---" * 10 + "|"]
     seeds = plan["seeds"].get("agn", [])
     ours, theirs, complete = {}, {}, bool(seeds)   # no seed list: nothing is complete
     for n, lam, t_agn, t_ae in plan["thesis"]["cells"]:
@@ -213,8 +194,9 @@ def thesis_cells(plan: dict, runs: dict, grid: str) -> tuple[list[str], dict]:
         theirs[(n, lam)] = (t_agn - t_ae) / 100
         mean = {a: 100 * statistics.fmean(v.values()) if v else math.nan for a, v in acc.items()}
         diff = t_interval(list(ours[(n, lam)].values())) if both else {}
-        out.append(f"| {n} | {lam} | {t_agn:.2f} | {mean['agn']:.2f} | {t_ae:.2f} | {mean['aeasgd']:.2f} | "
-                   f"{t_agn - t_ae:+.2f} | {interval_text(diff)} |")
+        out.append(f"| {n} | {lam} | {t_agn:.2f} | {mean['agn']:.2f} | {mean['agn'] - t_agn:+.2f} | {t_ae:.2f} | "
+                   f"{mean['aeasgd']:.2f} | {mean['aeasgd'] - t_ae:+.2f} | {t_agn - t_ae:+.2f} | "
+                   f"{interval_text(diff)} |")
     return out, {"ours": ours, "theirs": theirs, "complete": complete, "seeds": seeds}
 
 
@@ -250,7 +232,8 @@ def headline(plan: dict, runs: dict, claim_id: str = "AG2") -> list[str]:
 
 
 def agreement(cells: dict) -> list[str]:
-    """Pearson and Spearman r across cells of our AGN − AEASGD with the thesis's; BCa over seeds for Pearson."""
+    """Pearson's r and Spearman's ρ across cells of our AGN − AEASGD with the thesis's, each with its BCa interval
+    over seeds (PLAN.md registers both with one)."""
     if not cells["ours"]:
         return []
     if not cells["complete"]:
@@ -261,20 +244,24 @@ def agreement(cells: dict) -> list[str]:
     columns = [[cells["ours"][k][s] for s in cells["seeds"]] for k in keys]   # one column per cell, over seeds
     t = np.asarray(theirs) - np.mean(theirs)
 
-    def pearson(*cols):   # each col: (..., seeds); the cells' means over the seeds, correlated with the thesis's
+    def pearson(*cols, ranked=False):   # each col: (..., seeds); the cells' means, correlated with the thesis's
         means = np.stack([c.mean(-1) for c in cols], axis=-1)
-        d = means - means.mean(-1, keepdims=True)
-        return (d * t).sum(-1) / np.sqrt((d * d).sum(-1) * (t * t).sum())
+        if ranked:   # Spearman: the ranks of the cells' means against the ranks of the thesis's
+            means = np.apply_along_axis(lambda v: np.asarray(ranks(list(v))), -1, means)
+        d, u = means - means.mean(-1, keepdims=True), tr if ranked else t
+        return (d * u).sum(-1) / np.sqrt((d * d).sum(-1) * (u * u).sum())
 
+    tr = np.asarray(ranks(theirs)) - np.mean(ranks(theirs))
     ours = [statistics.fmean(cells["ours"][k].values()) for k in keys]
     r, rho = statistics.correlation(ours, theirs), spearman(ours, theirs)
-    iv = bca(columns, pearson)
+    ivs = [bca(columns, pearson), bca(columns, lambda *c: pearson(*c, ranked=True))]
+    shown = ["undefined" if not finite(iv["lo"]) else f"[{iv['lo']:+.2f}, {iv['hi']:+.2f}]" for iv in ivs]
     return [f"Across the {len(keys)} cells, our AGN − AEASGD against the thesis's: Pearson r = {r:+.2f} "
-            f"(95% BCa interval over seeds [{iv['lo']:+.2f}, {iv['hi']:+.2f}]), Spearman ρ = {rho:+.2f}."]
+            f"{shown[0]}, Spearman ρ = {rho:+.2f} {shown[1]} (each interval: {bca_words(ivs[0])})."]
 
 
 def describe(plan: dict, extra: dict, runs: dict) -> list[str]:
-    out = ["| row | estimate, points [95% interval] | failed runs (a; b) |", "|---|---|---|"]
+    out = ["| row | estimate, points [95% t interval over seeds] | failed runs (a; b) |", "|---|---|---|"]
     for row in extra.get("row", []):
         r = per_seed(row, plan, runs)
         if r["present"] < r["needed"]:
@@ -300,45 +287,21 @@ def closure(plan: dict, extra: dict, runs: dict) -> list[str]:
     ratios = [g / h if h else math.nan for g, h in zip(gained, gap)]
     if statistics.fmean(gap) <= 0:   # PLAN.md: undefined when the gap to close is not positive
         return [f"{spec['text']}: undefined, sequential SGD is not ahead of ASGD ({len(seeds)} seeds)."]
-    if all(_finite(r) and r > 0 for r in ratios):   # PLAN.md: a t interval on the per-seed log of the ratio
+    if all(finite(r) and r > 0 for r in ratios):   # PLAN.md: a t interval on the per-seed log of the ratio
         iv = t_interval([math.log(r) for r in ratios])
         shown = (f"{math.exp(iv['mean']):.2f} [{math.exp(iv['lo']):.2f}, {math.exp(iv['hi']):.2f}] "
-                 "(the geometric mean of the per-seed ratios; t interval on their logs")
+                 "(the geometric mean of the per-seed ratios; 95% t interval on their logs")
     else:   # else the BCa bootstrap over seeds of the ratio of the means
         iv = bca([gained, gap], lambda g, h: g.mean(-1) / h.mean(-1))
-        shown = ("undefined" if not _finite(iv["lo"]) else
-                 f"{iv['value']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]") + f" (the ratio of the means; {iv['method']}"
+        shown = ("undefined" if not finite(iv["lo"]) else
+                 f"{iv['value']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]") + f" (the ratio of the means; {bca_words(iv)}"
     return [f"{spec['text']}: {shown}; {len(seeds)} seeds)."]
 
 
-def selections(runs: dict) -> list[str]:
-    """The rate each two-stage grid selected on its selection seeds: the one its reporting-seed runs have."""
-    out = ["| grid | algorithm | workers | selected lr (of the rates run on the selection seeds) |", "|---|---|---|---|"]
-    for grid, rs in sorted(runs.items()):
-        report = {}
-        for r in rs:
-            if r["settings"].get("lr") is None:
-                continue
-            key = (r["settings"]["algo"], r["settings"].get("workers"))
-            side = "report" if r["settings"]["seed"] >= 100 else "select"
-            report.setdefault(key, {"report": set(), "select": set()})[side].add(r["settings"]["lr"])
-        for (algo, workers), lrs in sorted(report.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-            if lrs["select"] and lrs["report"]:
-                chosen = ", ".join(f"{lr:g}" for lr in sorted(lrs["report"]))
-                among = ", ".join(f"{lr:g}" for lr in sorted(lrs["select"]))
-                edge = {min(lrs["select"]): " **at the grid's edge: the smallest**",
-                        max(lrs["select"]): " **at the grid's edge: the largest**"}.get(min(lrs["report"]), "")
-                out.append(f"| {grid} | {algo} | {workers} | {chosen} (of {among}){edge} |")
-    return out
-
-
-def machine(runs: dict) -> list[str]:
-    out = ["| grid | runs | CPU | run time, hours (one thread each) |", "|---|---|---|---|"]
-    for grid, rs in sorted(runs.items()):
-        cpus = sorted({f"{r['numerics'].get('cpu_vendor')} {r['numerics'].get('cpu_model')}" for r in rs})
-        hours = sum(r["summary"].get("wall_s", 0.0) for r in rs) / 3600
-        out.append(f"| {grid} | {len(rs)} | {', '.join(cpus)} | {hours:.1f} |")
-    return out
+def dc7_runs(plan: dict, runs: dict, claim_id: str = "DC7") -> dict:
+    """{seed: run or None}: the probe runs of DC7's side a, which PLAN.md's row of removed error reads."""
+    claim = next((c for c in plan["claim"] if c["id"] == claim_id), None)
+    return {s: find(runs, claim["a"], {}, s) for s in plan["seeds"][claim["seeds"]]} if claim else {}
 
 
 def render(root: Path) -> str:
@@ -349,6 +312,7 @@ def render(root: Path) -> str:
     record = tomllib.loads((root / "docs/results/confirm/registration.toml").read_text())
     runs = load_runs(root)
     cells, agree = thesis_cells(plan, runs, "agn_thesis_layout")
+    shards, _ = thesis_cells(plan, runs, "agn_shard")
     lines = [
         "# Findings: the confirmatory study (issue 31)", "",
         "<!-- generated by `python experiments/findings.py`; do not edit: tests/test_findings.py regenerates it -->", "",
@@ -357,20 +321,32 @@ def render(root: Path) -> str:
         "`experiments/findings.py` over the committed run summaries in [confirm/runs/](confirm/runs/); the claims' "
         "statistics are the plan's ([experiments/confirm/claims.toml](../../experiments/confirm/claims.toml)). "
         f"Verdicts: Holm's correction over the {len(plan['claim'])} claims at family-wise α = "
-        f"{plan['rules']['alpha']}; *holds* when the adjusted p is below it, *does not hold* when the 95% interval "
-        "lies wholly on the other side of the claim's null or margin, else *inconclusive*. Accuracies in points; a "
-        "failed run (diverged, or at chance) enters its comparison at chance accuracy and is counted.", "",
+        f"{plan['rules']['alpha']}; *holds* when the adjusted p is below it, *does not hold* when the 95% t interval "
+        "over seeds lies wholly on the other side of the claim's null or margin, else *inconclusive*. Accuracies in "
+        "points; a failed run (diverged, or at chance) enters its comparison at chance accuracy and is counted.", "",
         "Commands: `sh experiments/confirm/run.sh` (the grids, resumable), then `python experiments/findings.py`.", "",
-        "## The claims", "", *claims_table(plan, runs), "",
+        "## The claims", "",
+        "Each row names its own regime, read from its runs' config.json, and how it departs from the paper's. The "
+        "paper's figures come from the project's background notes on the papers (dcasgd.md, agn.md; each cell names "
+        "its section); those notes could not read the DC-ASGD paper's body, so a figure they do not give is *not "
+        "reported*.", "",
+        *claims_table(plan, runs), *control_note(plan), "",
         "## AGN against AEASGD, cell by cell, beside the thesis", "",
-        "The thesis's layout (`--partition replicate:11`), the small mlp, 40 epochs, mean over the seeds; the "
-        "thesis's figures are its validation accuracy (the MNIST test set), one run each.", "",
+        f"Ours: {regime({'runs': runs.get('agn_thesis_layout', [])})}; mean over the seeds. Our 40 epochs are 40 "
+        "passes over MNIST; the thesis's 40 epochs over its 11-copy file would be 440 (PLAN.md; "
+        "[aeasgd_gap.md](aeasgd_gap.md)), with its agn-mlp. The thesis's figures are its validation accuracy (the "
+        "MNIST test set), one run each (background agn.md §4).", "",
         *cells, "", *agreement(agree), "", *headline(plan, runs),
         "## Descriptive rows", "", *describe(plan, extra, runs), "", *closure(plan, extra, runs), "",
+        *removed_table(dc7_runs(plan, runs), "DC7"),
+        f"The same 16 cells under disjoint shards: {regime({'runs': runs.get('agn_shard', [])})}; the thesis's "
+        "figures as above (its layout, not shards).", "", *shards, "",
         "## What the selection seeds chose", "",
         "Selected per algorithm and cell on the mean final validation accuracy of seeds 0, 8, 9 (`stalegrad grid`'s "
         "first stage), before any reporting seed ran. The plan extends no grid: a rate at an edge is reported as "
-        "such, and the best rate may lie beyond it.", "", *selections(runs), "",
+        "such, and the best rate may lie beyond it. A setting with a failed run on a selection seed cannot be "
+        "selected (stalegrad/study/selection.py, run_failure): a chosen rate whose next larger rate failed is the "
+        "largest stable rate, flagged as such.", "", *selections(runs), "",
         "## Machine and cost", "", *machine(runs), "",
         "## Changes to the plan", "",
         *([f"- `{c['commit']}` ({c['date']}): {c['why']}" for c in record.get("change", [])] or ["None."]), ""]

@@ -155,7 +155,7 @@ def runs_of(stage: str, plan: dict, selected: dict | None = None) -> list[dict]:
     raise SystemExit(f"speed.py: no stage {stage!r}; the stages are {', '.join(STAGES)}")
 
 
-def _prepare(plan: dict) -> dict:
+def prepare(plan: dict) -> dict:
     """The plan with the homogeneous profile's key found (select_profile names a spec)."""
     t = plan["time"]
     t["select_profile_key"] = next(k for k, v in t["profiles"].items() if v == t["select_profile"])
@@ -180,7 +180,7 @@ def _train(run: dict, stage: str, threads: int) -> tuple[str, int]:
 
 
 def run_stage(stage: str, jobs: int, threads: int) -> int:
-    plan = _prepare(load_plan())
+    plan = prepare(load_plan())
     selected = None if stage in ("select", "mechanism") else selection(plan)["rates"]
     runs = runs_of(stage, plan, selected)
     todo = [r for r in runs if not (RUNS / stage / r["name"] / "summary.json").exists()]
@@ -198,7 +198,7 @@ def run_stage(stage: str, jobs: int, threads: int) -> int:
 
 def collect(stage: str) -> None:
     """One line a finished run: its name, options, curve (CURVE_KEYS at each evaluation) and summary."""
-    plan = _prepare(load_plan())
+    plan = prepare(load_plan())
     selected = None if stage in ("select", "mechanism") else selection(plan)["rates"]
     lines = []
     for r in runs_of(stage, plan, selected):
@@ -248,7 +248,7 @@ def selection(plan: dict, where: Path = COLLECTED) -> dict:
     "best": {M: arm}}: per arm and M, the rate with the smallest mean log time over the selection seeds under
     the homogeneous profile (censored at H); ties (every run censored) to the higher mean validation accuracy
     at H (PLAN.md, change 1), then to the smaller rate; sgd at M = 1 on its own horizon."""
-    plan = _prepare(plan) if "select_profile_key" not in plan["time"] else plan
+    plan = prepare(plan) if "select_profile_key" not in plan["time"] else plan
     t, runs = plan["time"], read_runs("select", where)
     rates, scores = {}, {}
     for arm, spec in t["arms"].items():

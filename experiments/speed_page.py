@@ -314,7 +314,7 @@ def runs_line(stages: dict, where: Path) -> list[str]:
 
 
 def render(where: Path = S.COLLECTED, plan: dict | None = None, registration: Path = REGISTRATION) -> str:
-    plan = S._prepare(plan or S.load_plan())
+    plan = S.prepare(plan or S.load_plan())
     reg = tomllib.loads(registration.read_text())
     stages = {st: S.read_runs(st, where) for st in S.STAGES}
     sel = S.selection(plan, where)

@@ -20,7 +20,7 @@ import speed_page as P     # noqa: E402
 
 @pytest.fixture()
 def plan():
-    return S._prepare(S.load_plan())
+    return S.prepare(S.load_plan())
 
 
 def make_run(name, options, crossing=None, h_end=400.0, val_end=0.7, diverged=False, origin=None):
