@@ -18,6 +18,8 @@ M, N = 3, 50
 # Rules whose state is a momentum: an update that overflows leaves its momentum overflowed (on one
 # server as on shards), and every later update is skipped too; they get NaN messages only.
 MOMENTUM_STATE = ("dana-zero", "dana-dc")
+# Rules that are not element-wise by design: each shard computes its own reduction over its slice.
+PER_SHARD = ("dcasgd-a-damped",)
 
 
 def algorithm(name):
@@ -51,6 +53,8 @@ def check_equal(one: ParameterServer, shards: list, sharded: ShardedServer):
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("name", [n for n in ALGORITHMS if n != "sgd"])
 def test_shards_equal_one_server(name, shards):
+    if name in PER_SHARD and shards > 1:
+        pytest.skip("a mean over each shard's own weights, documented: tests/test_controls_redrawn_damped.py")
     algo = algorithm(name)
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(0))
     one = ParameterServer(algo, w0, M)

@@ -6,7 +6,7 @@ import warnings
 from ..errors import ConfigError
 from .agn import AGN, AccumulatedCommit, CommitAlgorithm, Downpour
 from .base import Algorithm, GradientAlgorithm
-from .controls import DCASGDAdaptiveScrambled
+from .controls import DCASGDAdaptiveDamped, DCASGDAdaptiveRedrawn, DCASGDAdaptiveScrambled
 from .dana import DANADC, DANAZero
 from .dcasgd import DCASGDAdaptive, DCASGDConstant
 from .dynsgd import DynSGD
@@ -20,6 +20,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (SGD, SSGD, ASGD, DCASGDConstant, DCASGDAdaptive, AGN, Downpour, DynSGD, EASGD, AEASGD,
                 StalenessAwareASGD, GapAware, DANAZero, DANADC, DiLoCo, AsyncLocalSGD, DCASGDAdaptiveScrambled,
+                DCASGDAdaptiveRedrawn,   # issue 42: the Taylor term's sign redrawn at every push
+                DCASGDAdaptiveDamped,    # issue 42: a scalar pull of its mean size (damping only)
                 RingmasterASGD, RennalaSGD, MSynchronousSGD)
 }
 
