@@ -55,11 +55,17 @@ _WHERE = {
     "RunConfig": "run.config",
     "StalegradError": "errors", "UsageError": "errors", "ConfigError": "errors", "RunError": "errors",
     "Simulator": "runtimes", "LocalRuntime": "runtimes", "RayRuntime": "runtimes", "Runtime": "runtimes", "Training": "runtimes",
-    "ParameterServer": "core.server",
-    "load_dataset": "data", "load_pair": "data", "Dataset": "data",
+    "ParameterServer": "core.server", "ShardedServer": "core.sharding", "Worker": "core.worker",
+    "WorkerFactory": "core.worker",
+    "load_dataset": "data", "load_pair": "data", "Dataset": "data", "fetch": "data.download",
+    "build_model": "models", "load_model": "run.results",
+    # every rule class of algorithms.ALGORITHMS (tests/test_public_api.py derives the list from it)
     **{name: "algorithms" for name in ("ALGORITHMS", "make_algorithm", "Algorithm", "SGD", "SSGD", "ASGD",
                                        "DCASGDConstant", "DCASGDAdaptive", "AGN", "Downpour", "DynSGD",
-                                       "EASGD", "AEASGD")},
+                                       "EASGD", "AEASGD", "StalenessAwareASGD", "GapAware", "DANAZero", "DANADC",
+                                       "DiLoCo", "AsyncLocalSGD", "DCASGDAdaptiveScrambled",
+                                       "DCASGDAdaptiveRedrawn", "DCASGDAdaptiveDamped", "RingmasterASGD",
+                                       "RennalaSGD", "MSynchronousSGD")},
 }
 
 __all__ = list(_WHERE)

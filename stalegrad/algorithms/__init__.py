@@ -72,4 +72,5 @@ def make_algorithm(name: str, **params) -> Algorithm:
 __all__ = ["ALGORITHMS", "make_algorithm", "Algorithm", "GradientAlgorithm", "CommitAlgorithm",
            "SGD", "SSGD", "ASGD", "DCASGDConstant", "DCASGDAdaptive", "AGN", "Downpour", "DynSGD",
            "EASGD", "AEASGD", "AccumulatedCommit", "StalenessAwareASGD", "GapAware", "DANAZero", "DANADC",
-           "DiLoCo", "AsyncLocalSGD", "RingmasterASGD", "RennalaSGD", "MSynchronousSGD"]
+           "DiLoCo", "AsyncLocalSGD", "RingmasterASGD", "RennalaSGD", "MSynchronousSGD",
+           "DCASGDAdaptiveScrambled", "DCASGDAdaptiveRedrawn", "DCASGDAdaptiveDamped"]
