@@ -131,23 +131,24 @@ def runs_of(stage: str, plan: dict, selected: dict | None = None) -> list[dict]:
         return out
     if stage == "report":
         out = time_runs(plan, "sgd", selected[("sgd", 1)], seeds["report8"], 1, [t["select_profile_key"]])
-        for arm in t["arms"]:
-            if arm != "sgd":
-                for M in t["workers"]:
+        for M in t["workers"]:          # M = 8 first: the reader's question, should the machine's time run out
+            for arm in t["arms"]:
+                if arm != "sgd":
                     out += time_runs(plan, arm, selected[(arm, M)], seeds[f"report{M}"], M, list(t["profiles"]))
         return out
     if stage == "local":
         loc, out = plan["local"], []
         M = loc["workers"]
-        for arm in loc["arms"]:
-            for r in time_runs(plan, arm, selected[(arm, M)], seeds["local"], M, loc["profiles"]):
-                out.append(_run("local_" + r["name"], {**r["options"], **loc["options"]}))
+        for seed in seeds["local"]:     # seed by seed: every cell has a run before any has its second
+            for arm in loc["arms"]:
+                for r in time_runs(plan, arm, selected[(arm, M)], [seed], M, loc["profiles"]):
+                    out.append(_run("local_" + r["name"], {**r["options"], **loc["options"]}))
         return out
     if stage == "mechanism":
         mech, out = plan["mechanism"], []
-        for arm in mech["arms"]:
-            for M in mech["workers"]:
-                for lr in mech["rates"]:
+        for lr in sorted(mech["rates"], key=lambda x: x != 0.1):   # the claims' rate (0.1) first
+            for arm in mech["arms"]:
+                for M in mech["workers"]:
                     for seed in seeds["mechanism"]:
                         o = {**mech["options"], "algo": arm, "workers": M, "lr": lr, "seed": seed}
                         out.append(_run(f"{arm}_M{M}_lr{lr:g}_s{seed}", o))
@@ -223,13 +224,17 @@ def collect(stage: str) -> None:
 
 
 def machine(stage: str) -> dict:
-    """Where and when the stage ran: the CPU, its cores, the first run's start and the last run's end."""
+    """Where and when the stage ran: the CPU, its cores, the commit whose code made the runs (runs/speed/COMMIT:
+    the study runs from a git worktree of that commit, so that edits in the working tree cannot reach a run), the
+    first run's start and the last run's end."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown")
     starts = [p.stat().st_mtime for p in (RUNS / stage / "cells").glob("*.toml")]
     ends = [p.stat().st_mtime for p in (RUNS / stage).glob("*/summary.json")]
     stamp = (lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)))
-    return {"cpu": cpu, "cores": os.cpu_count(), "first_start": stamp(min(starts)) if starts else None,
+    commit = (RUNS / "COMMIT").read_text().strip() if (RUNS / "COMMIT").exists() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "commit": commit,
+            "first_start": stamp(min(starts)) if starts else None,
             "last_end": stamp(max(ends)) if ends else None,
             "span_s": round(max(ends) - min(starts)) if starts and ends else None}
 

@@ -302,13 +302,14 @@ def selection_table(plan, sel) -> list[str]:
 
 
 def runs_line(stages: dict, where: Path) -> list[str]:
-    out = ["| stage | runs | training seconds (sum of the runs' wall_s) | machine | first start, last end (span) |",
-           "|---|---|---|---|---|"]
+    out = ["| stage | runs | training seconds (sum of the runs' wall_s) | machine | code (commit) | first start, last end "
+           "(span) |", "|---|---|---|---|---|---|"]
     for st, runs in stages.items():
         m = where / f"{st}.machine.json"
         info = __import__("json").loads(m.read_text()) if m.exists() else {}
         secs = sum(r["summary"].get("wall_s") or 0 for r in runs.values())
         out.append(f"| {st} | {len(runs)} | {secs:.0f} | {info.get('cpu', 'n/a')}, {info.get('cores', 'n/a')} cores | "
+                   f"`{info.get('commit')}` | "
                    f"{info.get('first_start')}, {info.get('last_end')} ({info.get('span_s')} s) |")
     return out
 
