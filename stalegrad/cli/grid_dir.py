@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import RunError, UsageError
 from ..study.grid import GRID_FILE_LIMIT, Grid, toml_value
-from ..run.files import UnreadableFile, read_text
+from ..run.files import UnreadableFile, loads_toml, read_text
 from ..run.results import DamagedRun, is_finished, read_summary
 
 
@@ -58,7 +58,7 @@ def plan(g: Grid, out: Path, rerun_changed: bool = False, notes: list | None = N
             continue
         actions[cell.name] = "skip"
         try:
-            old = tomllib.loads(read_text(out / "cells" / f"{cell.name}.toml", GRID_FILE_LIMIT))
+            old = loads_toml(read_text(out / "cells" / f"{cell.name}.toml", GRID_FILE_LIMIT))
         except (OSError, UnreadableFile, tomllib.TOMLDecodeError):
             continue     # no record of its options: trust the finished run
         diff = changed_key(old, tomllib.loads(cell.toml))

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import tomllib
 
 import click
 from click.core import ParameterSource
 
 from ..algorithms import ALGORITHMS, make_algorithm, renamed
 from ..run.config import ON_NONFINITE, PARTITIONS, RunConfig
-from ..run.files import CONFIG_LIMIT, UnreadableFile, read_text
 from ..data import DATASETS
 from ..core.delays import DEFAULT_DELAY, DELAY_MODELS, deprecation, renamed_delay
 from ..errors import ConfigError, UsageError
 from ..models import INITS, MODELS
 from ..runtimes import RUNTIMES
+from .option_files import CONFIG_TABLE, csv_floats, csv_ints, file_value, read_config_table, toml_value_problem  # noqa: F401
 # Run options that are not RunConfig fields: where the data and the model come from, and the CLI's own.
 CLI_ONLY = ("dataset", "model", "hidden", "data_dir", "config_file", "overwrite", "quiet")
 
@@ -60,36 +59,13 @@ def flag_of(command: click.Command, param: str) -> str | None:
     return None
 
 
-def _csv_floats(ctx, param, value):
-    if value is None:
-        return None
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    try:
-        return tuple(float(v) for v in items if not isinstance(v, str) or v.strip())
-    except (TypeError, ValueError):
-        raise click.BadParameter(f"expected comma-separated numbers like 80,120, got {value!r}") from None
-
-
-def _csv_ints(ctx, param, value):
-    if value is None:
-        return None
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    try:
-        sizes = tuple(int(v) for v in items if not isinstance(v, str) or v.strip())
-    except (TypeError, ValueError):
-        raise click.BadParameter(f"expected comma-separated sizes like 256,128, got {value!r}") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise click.BadParameter(f"hidden sizes must be positive integers, got {value!r}")
-    return sizes
-
-
 def run_options(f):
     """Options shared by ``train`` and ``compare`` (algorithm flags included)."""
     opts = [
         click.option("--workers", "-M", type=int, default=None, help="number of workers M  [default: 4; 1 for sgd]"),
         click.option("--dataset", type=click.Choice(DATASETS), default="digits", show_default=True),
         click.option("--model", type=click.Choice(MODELS), default="mlp", show_default=True),
-        click.option("--hidden", callback=_csv_ints, default=None, help="mlp hidden sizes, e.g. 256,128"),
+        click.option("--hidden", callback=csv_ints, default=None, help="mlp hidden sizes, e.g. 256,128"),
         click.option("--init", type=click.Choice(INITS), default="torch", show_default=True,
                      help="weight initialisation: torch's defaults, glorot-uniform (Keras, the AGN paper) or "
                           "he-normal (the ResNet paper); biases zero for the last two"),
@@ -97,7 +73,7 @@ def run_options(f):
         click.option("--batch-size", type=int, default=128, show_default=True),
         click.option("--lr", type=float, default=None,
                      help="learning rate (server SGD, or the local optimizer)  [default: 0.1; 0.001 with local adam]"),
-        click.option("--lr-milestones", callback=_csv_floats, default=None,
+        click.option("--lr-milestones", callback=csv_floats, default=None,
                      help="step decay: epochs at which lr is multiplied by --lr-gamma, e.g. 80,120"),
         click.option("--lr-gamma", type=float, default=0.1, show_default=True),
         click.option("--delay", help="speed profile: " + ", ".join(DELAY_MODELS) + " (docs/delays.md): the "
@@ -179,82 +155,6 @@ def run_options(f):
     return f
 
 
-def _expected_kind(param: click.Parameter) -> str:
-    """What a TOML value of ``param`` must be: 'flag', 'int', 'number', 'ints', 'numbers' or 'string'."""
-    if param.callback is _csv_ints:
-        return "ints"
-    if param.callback is _csv_floats:
-        return "numbers"
-    if getattr(param, "is_flag", False):
-        return "flag"
-    if isinstance(param.type, click.types.IntParamType):
-        return "int"
-    if isinstance(param.type, click.types.FloatParamType):
-        return "number"
-    return "string"
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-_KIND_TEXT = {"flag": "true or false", "int": "an integer", "number": "a number",
-              "ints": "a list of integers, e.g. [256, 128]", "numbers": "a list of numbers, e.g. [80, 120]",
-              "string": "a string (in quotes)"}
-
-
-def toml_value_problem(param: click.Parameter, value) -> str | None:
-    """Why ``value`` (as tomllib reads it) cannot be the value of ``param``, or None: types are strict
-    (no "0.1" for a number, no 5 for a path, no date, a list only where the option takes one)."""
-    kind = _expected_kind(param)
-    ok = {"flag": lambda v: isinstance(v, bool),
-          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-          "number": _is_number,
-          "ints": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
-          "numbers": lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
-          "string": lambda v: isinstance(v, str)}[kind](value)
-    if ok:
-        return None
-    shown = value.isoformat() if hasattr(value, "isoformat") else repr(value)
-    choices = getattr(param.type, "choices", None)
-    hint = f" (one of {', '.join(map(str, choices))})" if choices else ""
-    return f"must be {_KIND_TEXT[kind]}{hint}, not {shown}"
-
-
-CONFIG_TABLE = "train"   # a config file holds its keys at the top level or in one [train] table
-
-
-def read_config_table(path: str, is_option=lambda key: False) -> dict:
-    """The options of a --config file, keys as written; UsageError naming the file for a file that cannot
-    be read, is not TOML, or holds a table other than [train] or keys both in and outside it."""
-    try:   # (regular, bounded: not /dev/zero, a FIFO or a file of gigabytes)
-        table = tomllib.loads(read_text(path, CONFIG_LIMIT))
-    except (FileNotFoundError, UnreadableFile) as e:
-        raise UsageError(f"{path}: {getattr(e, 'reason', 'does not exist')}; give a TOML file of options") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"{path}: not valid TOML ({e})") from None
-    tables = [k for k, v in table.items() if isinstance(v, dict) and not is_option(k)]   # (an option's
-    # inline table is a value of the wrong type: apply_config_file says so)
-    for key in tables:
-        if key != CONFIG_TABLE:
-            raise UsageError(f"{path}: unknown table [{key}]; a config file holds options at the top level "
-                             f"or in one [{CONFIG_TABLE}] table")
-    if CONFIG_TABLE in table and not isinstance(table[CONFIG_TABLE], dict):
-        raise UsageError(f"{path}: unknown key {CONFIG_TABLE!r}; [{CONFIG_TABLE}] is a table of options, "
-                         "not a value")
-    if tables:
-        outside = [k for k in table if k != CONFIG_TABLE]
-        if outside:
-            raise UsageError(f"{path}: {outside[0]} is outside the [{CONFIG_TABLE}] table, which holds the "
-                             f"options; put every option in [{CONFIG_TABLE}] or write none of them in a table")
-        table = table[CONFIG_TABLE]
-        nested = [k for k, v in table.items() if isinstance(v, dict) and not is_option(k)]
-        if nested:
-            raise UsageError(f"{path}: unknown table [{CONFIG_TABLE}.{nested[0]}]; [{CONFIG_TABLE}] holds "
-                             "options only")
-    return table
-
-
 NOT_IN_CONFIG = ("config_file", "overwrite", "quiet", "resume")
 
 
@@ -271,22 +171,23 @@ def apply_config_file(ctx: click.Context, params: dict, origins: dict | None = N
         return flag_names.get(key.replace("_", "-"), key.replace("-", "_"))
     table = read_config_table(path, lambda key: key != CONFIG_TABLE and option(key) in by_name)
     known = sorted(n.replace("_", "-") for n in by_name if n not in NOT_IN_CONFIG)
+    spelled: dict[str, str] = {}   # option -> its key as the file wrote it
     for key, value in table.items():
         name = option(key)
         if name not in by_name or name in NOT_IN_CONFIG:
             raise UsageError(f"{path}: unknown key {key!r}; keys are the flag names of "
                              f"'stalegrad {ctx.command.name}': {', '.join(known)}")
+        if name in spelled:   # batch-size and batch_size (or M and workers): never the last one silently
+            raise UsageError(f"{path}: {spelled[name]!r} and {key!r} are one option "
+                             f"({max(by_name[name].opts, key=len)}); give it once")
+        spelled[name] = key
         param = by_name[name]
         problem = toml_value_problem(param, value)
         if problem is not None:
             raise UsageError(f"{path}: {key} {problem}")
         if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
             continue
-        try:
-            value = param.callback(ctx, param, value) if param.callback else param.type_cast_value(ctx, value)
-        except click.BadParameter as e:
-            raise UsageError(f"{path}: {key}: {e.message}") from None
-        params[name] = value
+        params[name] = file_value(ctx, param, value, f"{path}: {key}")
         if origins is not None:
             origins[name] = (path, key)
     return params

@@ -11,8 +11,9 @@ from click.core import ParameterSource
 from ..algorithms import ALGORITHMS, as_saved
 from ..core.delays import DEFAULT_DELAY, renamed_delay
 from ..errors import UsageError
-from ..run.files import CONFIG_LIMIT, UnreadableFile, read_text
+from ..run.files import CONFIG_LIMIT, UnreadableFile, loads_json, read_text
 from .options import ALGO_FLAGS, NOT_IN_CONFIG, apply_config_file, build_config, build_runtime, named_in_file, run_options
+from .option_files import file_value
 
 
 def load_data(params: dict):
@@ -73,7 +74,8 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
         try:
             result = train(module, train_set, test_set, runtime=runtime, config=config, progress=progress,
                            on_start=writer.start, on_first_step=writer.commit, on_eval=on_eval,
-                           checkpoint_path=checkpoint_path, resume=checkpoint_path if resume else None)
+                           checkpoint_path=checkpoint_path if config.checkpoint_every else None,
+                           resume=checkpoint_path if resume else None)
             writer.finish(result, model_spec)
             if board is not None:
                 board.finish(result)
@@ -118,7 +120,7 @@ def train(ctx, algo, out, resume, **params):
     if resume is not None:
         refuse_resume_options(ctx, Path(resume))
         writer = RunWriter(resume, resume=True)   # the output checks of a new run, before config.json is read
-        params = resume_params(ctx, Path(resume), params)
+        params = resume_params(ctx, Path(resume), params, origins)
         out = resume
     else:
         params = apply_config_file(ctx, params, origins)
@@ -170,11 +172,12 @@ def refuse_resume_options(ctx: click.Context, run_dir: Path) -> None:
         raise UsageError(f"--resume takes its options from {run_dir}/config.json; drop --algo")
 
 
-def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
-    """The options of the run in ``run_dir``, from its config.json."""
+def resume_params(ctx: click.Context, run_dir: Path, params: dict, origins: dict | None = None) -> dict:
+    """The options of the run in ``run_dir``, from its config.json; ``origins`` (when given) gets
+    ``{option: (where, key)}`` for each, as ``apply_config_file`` gives it (a ConfigError names the file)."""
     refuse_resume_options(ctx, run_dir)
     try:
-        cfg = json.loads(read_text(run_dir / "config.json", CONFIG_LIMIT))
+        cfg = loads_json(read_text(run_dir / "config.json", CONFIG_LIMIT))
         algorithm = dict(cfg["algorithm"])
         runtime = dict(cfg["runtime"])
     except FileNotFoundError:
@@ -193,20 +196,27 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict) -> dict:
     resumed["algo"] = algorithm.pop("name", None)
     if resumed["algo"] not in ALGORITHMS:
         raise UsageError(f"--resume {run_dir}: config.json is damaged (algorithm {resumed['algo']!r})")
-    options = set(params) - set(NOT_IN_CONFIG) - {"algo"}
+    options = set(params) - set(NOT_IN_CONFIG) - {"algo"} - set(ALGO_FLAGS)   # (those: in "algorithm" only)
     unknown = next((f"algorithm.{k}" for k in algorithm if k not in ALGO_FLAGS), None) \
         or next((f"runtime.{k}" for k in runtime if k not in options | RECORDED_RUNTIME_KEYS), None) \
         or next((k for k in cfg if k not in options | RECORDED_KEYS), None)
     if unknown is not None:   # an edit the run would not follow: refused, never dropped
         raise UsageError(f"--resume {run_dir}: config.json holds {unknown!r}, which is no option of a run; remove "
                          "it (the file must be as the run wrote it, but for what --resume may change)")
-    resumed.update(as_saved(resumed["algo"], algorithm))   # a parameter added since: as the run ran
-    resumed["runtime"] = runtime.pop("name", "sim")
-    for key, value in list(runtime.items()) + list(cfg.items()):
-        if key in resumed and key not in ("algorithm", "runtime"):
-            if key in ("epochs", "data_dir") and ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE:
-                continue
-            resumed[key] = tuple(value) if isinstance(value, list) else value
+    by_name = {p.name: p for p in ctx.command.params}
+    given = [(f"algorithm.{k}", k, v) for k, v in as_saved(resumed["algo"], algorithm).items()]   # (a parameter
+    given.append(("runtime.name", "runtime", runtime.pop("name", "sim")))   # added since: as the run ran)
+    given += [(f"runtime.{k}", k, v) for k, v in runtime.items()] + [(k, k, v) for k, v in cfg.items()]
+    for shown, key, value in given:   # each of the type its flag takes, and one of its choices
+        if key not in by_name or key in RECORDED_RUNTIME_KEYS or (shown, key) == ("runtime", "runtime"):
+            continue
+        if key in ("epochs", "data_dir") and ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE:
+            continue
+        resumed[key] = None if value is None and params.get(key) is None else file_value(   # (None: its default)
+            ctx, by_name[key], value, f"--resume {run_dir}: config.json: {shown}",
+            "; restore the file the run wrote, or start afresh with --out")
+        if origins is not None:
+            origins[key] = (f"--resume {run_dir}: config.json", shown)
     resumed["overwrite"] = False
     return resumed
 

@@ -3,6 +3,8 @@ message, the data layouts, and what the probes measure of an algorithm. Kept fre
 ``stalegrad --help`` and the command line's argument errors do not import it (``tests/test_cli.py``)."""
 from __future__ import annotations
 
+import re
+
 from ..algorithms import Algorithm
 from ..errors import ConfigError
 
@@ -24,10 +26,17 @@ def parse_partition(partition) -> tuple[str, int]:
         return partition, 1
     if isinstance(partition, str) and partition.startswith("replicate:"):
         k = partition.split(":", 1)[1]
-        if k.isdigit() and 1 <= int(k) <= MAX_COPIES:
+        if re.fullmatch(r"[0-9]{1,9}", k) and 1 <= int(k) <= MAX_COPIES:   # (ASCII digits: not ² nor ٣)
             return "replicate", int(k)
     raise ConfigError("partition", f"must be shard, iid or replicate:K with K copies from 1 to {MAX_COPIES} "
                                    f"(the thesis's layout: replicate:11), got {partition!r}")
+
+
+def canonical_partition(partition) -> str:
+    """``partition`` spelled one way for one layout (``replicate:011`` -> ``replicate:11``), as config.json
+    records it and a grid names its cells; ConfigError as ``parse_partition``."""
+    layout, copies = parse_partition(partition)
+    return f"replicate:{copies}" if layout == "replicate" else layout
 
 
 def check_stops(algorithm: Algorithm, workers: int, runtime) -> None:

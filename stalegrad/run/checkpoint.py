@@ -19,12 +19,14 @@ and plain Python values, never arbitrary pickled objects.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import torch
 
 from .checkpoint_schema import damage, first_line
+from ..core.options import canonical_partition
 from ..errors import ConfigError, RunError, UsageError
 from .results import atomic_torch_save, write_failure
 
@@ -37,7 +39,7 @@ class CheckpointError(UsageError):
 
 
 # What the fingerprint holds since 0.5; a checkpoint made before is compared on the rest.
-_ADDED_KEYS = ("schedule", "on_nonfinite", "delay", "step_time")
+_ADDED_KEYS = ("schedule", "on_nonfinite", "delay", "step_time", "init")
 
 
 def fingerprint(run) -> dict:
@@ -56,6 +58,7 @@ def fingerprint(run) -> dict:
         "runtime": runtime.get("name"),
         "schedule": {"lr": config.lr, "lr_milestones": list(config.lr_milestones), "lr_gamma": config.lr_gamma},
         "on_nonfinite": config.on_nonfinite,
+        "init": config.init,   # (the weights it began from: config.json may not name another)
         # the simulator's clock: its delay model and step time decide the order of the pushes
         **({"delay": runtime.get("delay"), "step_time": runtime.get("step_time")} if "delay" in runtime else {}),
         # only with a validation split, so that checkpoints made before val_split still resume
@@ -119,6 +122,8 @@ def check_matches(path, state: dict, run) -> None:
     saved, now = dict(state["fingerprint"]), fingerprint(run)
     if isinstance(saved.get("algorithm"), dict):
         saved["algorithm"] = _with_defaults(saved["algorithm"])
+    with contextlib.suppress(ConfigError):   # replicate:011, as a run recorded it before it was read as replicate:11
+        saved["partition"] = canonical_partition(saved.get("partition"))
     for key in now:
         if key in _ADDED_KEYS and key not in saved:
             continue

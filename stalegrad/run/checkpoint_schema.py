@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from ..core.state_checks import as_int as _int, count as _count, first_line, ints as _ints, is_number as _is_number, \
+    like as _like, server_damage, show as _show
+
 _RUNTIME_KINDS = {"sim": ("events", "replay"), "local": ("local",), "ray": ("ray",)}
 # Every key of an evaluation (TrainingRun.evaluate) and what it holds: "count" (an integer >= 0), "number",
 # "number?" (or None: no message before it); val_loss and val_acc exactly when the run holds a validation split.
@@ -25,15 +28,7 @@ def damage(state: dict, run) -> str | None:
     M, template = run.server.num_workers, run.state_dict()
     saved = state["run"]
     server, ref = saved["server"], template["server"]
-    return (_like("run.server.w", server["w"], ref["w"])
-            or _count("run.server.version", server["version"])
-            or _ints("run.server.pulled_version", server["pulled_version"], M, upto=_int(server["version"]))
-            or _ints("run.server.live", server["live"], None, upto=M - 1)
-            or _staleness(server["staleness"], M)
-            or _count("run.server.nonfinite_skipped", server["nonfinite_skipped"])
-            or _like("run.server.state", server["state"], ref["state"])
-            or _round(server["round"], ref["w"], M)
-            or _held(server.get("held"), M)
+    return (server_damage(server, ref, M, "run.server")
             or _progress(saved["progress"], run, _int(server["version"]))
             or _buffers(saved["buffers"], template["buffers"])
             or _generator("run.torch_rng", saved["torch_rng"])
@@ -113,45 +108,6 @@ _KIND_TEXT = {"count": "a count", "number": "a number", "number?": "a number or 
               "fraction": "a fraction in [0, 1]", "fraction?": "a fraction in [0, 1] or null"}
 
 
-def _staleness(st, M: int) -> str | None:
-    where = "run.server.staleness"
-    if not isinstance(st, dict) or not all(isinstance(st.get(k), torch.Tensor) and st[k].dim() == 1
-                                           for k in ("workers", "taus")):
-        return f"{where!r} is not two vectors (workers, taus)"
-    workers, taus = st["workers"], st["taus"]
-    if workers.is_floating_point() or taus.is_floating_point() or len(workers) != len(taus):
-        return f"{where!r} holds {len(workers)} workers and {len(taus)} taus, or not as integers"
-    if len(workers) and (int(workers.min()) < 0 or int(workers.max()) >= M or int(taus.min()) < 0):
-        return f"{where!r} names a worker outside 0..{M - 1}, or a negative tau"
-    dropped = st.get("dropped")   # (each worker's dropped messages; checkpoints before issue 41 have none)
-    if dropped is not None and not (isinstance(dropped, torch.Tensor) and dropped.dim() == 1 and len(dropped) == M
-                                    and not dropped.is_floating_point() and (not M or int(dropped.min()) >= 0)):
-        return f"'{where}.dropped' is not {M} counts, one per worker"
-    return None
-
-
-def _held(held, M: int) -> str | None:
-    """The (worker, tau) of the messages a rule holds for its next step (Rennala SGD), if saved."""
-    if held is None:
-        return None
-    if not isinstance(held, (list, tuple)) or not all(
-            isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(v, int) and v >= 0 for v in r)
-            and r[0] < M for r in held):
-        return f"'run.server.held' is {_show(held)}, not (worker, tau) pairs of workers 0..{M - 1}"
-    return None
-
-
-def _round(rnd, w, M: int) -> str | None:
-    if not isinstance(rnd, dict):
-        return f"'run.server.round' is {_show(rnd)}, not a dict"
-    for m, g in rnd.items():
-        if not isinstance(m, int) or not 0 <= m < M:
-            return f"'run.server.round' names worker {m!r}, outside 0..{M - 1}"
-        if g is not None and (problem := _like(f"run.server.round[{m}]", g, w)):
-            return problem
-    return None
-
-
 def _buffers(saved, ref: dict) -> str | None:
     if not isinstance(saved, dict) or set(saved) != set(ref):
         names = sorted(saved) if isinstance(saved, dict) else saved
@@ -226,36 +182,6 @@ def _stream(where: str, st, num_samples: int) -> str | None:
     return _generator(where + ".rng", st["rng"])
 
 
-def _like(where: str, saved, ref) -> str | None:
-    """``saved`` has the structure of ``ref``: the same keys, lengths, tensor shapes and dtypes."""
-    if isinstance(ref, torch.Tensor):
-        if not isinstance(saved, torch.Tensor):
-            return f"{where!r} is {_show(saved)}, not a tensor"
-        if saved.shape != ref.shape or saved.dtype != ref.dtype:
-            return (f"{where!r} holds {saved.numel()} {saved.dtype} numbers {tuple(saved.shape)}, "
-                    f"this run needs {ref.numel()} {ref.dtype} {tuple(ref.shape)}")
-        return None
-    if isinstance(ref, dict):
-        if not isinstance(saved, dict):
-            return f"{where!r} is {_show(saved)}, not a dict"
-        missing = [k for k in ref if k not in saved]
-        if missing:
-            return f"no {where}.{missing[0]}"
-        return next((p for k in ref if (p := _like(f"{where}.{k}", saved[k], ref[k]))), None)
-    if isinstance(ref, (list, tuple)):
-        if not isinstance(saved, (list, tuple)) or len(saved) != len(ref):
-            return f"{where!r} is {_show(saved)}, not {len(ref)} entries"
-        return next((p for i, (s, r) in enumerate(zip(saved, ref)) if (p := _like(f"{where}[{i}]", s, r))), None)
-    if isinstance(ref, bool):
-        return None if isinstance(saved, bool) else f"{where!r} is {_show(saved)}, not true or false"
-    if isinstance(ref, int):
-        return None if isinstance(saved, int) and not isinstance(saved, bool) else \
-            f"{where!r} is {_show(saved)}, not an integer"
-    if isinstance(ref, float):
-        return None if _is_number(saved) else f"{where!r} is {_show(saved)}, not a number"
-    return None
-
-
 def _generator(where: str, value) -> str | None:
     """A torch random generator's state (what ``set_rng_state`` accepts)."""
     if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
@@ -267,38 +193,5 @@ def _generator(where: str, value) -> str | None:
     return None
 
 
-def _count(where: str, value) -> str | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return None if ok else f"{where!r} is {_show(value)}, not a count"
-
-
-def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _ints(where: str, values, length: int | None, upto: int | None) -> str | None:
-    """A list of integers in 0..upto (of ``length`` entries, when given)."""
-    if not isinstance(values, (list, tuple)) or (length is not None and len(values) != length):
-        return f"{where!r} is {_show(values)}, not {length if length is not None else 'a list of'} integers"
-    if not all(_int(v) is not None and 0 <= v and (upto is None or v <= upto) for v in values):
-        return f"{where!r} holds a value outside 0..{upto}"
-    return None
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _as_tuple(x):
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-def _show(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor {tuple(value.shape)}"
-    text = repr(value)
-    return text if len(text) <= 40 else f"a {type(value).__name__}"
-
-
-def first_line(e: BaseException) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0][:120]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..algorithms import Algorithm, make_algorithm
 from ..errors import ConfigError, check_finite_positive
-from ..core.options import MAX_COPIES, MAX_SEED, ON_NONFINITE, PARTITIONS, parse_partition, probe_kind
+from ..core.options import MAX_COPIES, MAX_SEED, ON_NONFINITE, PARTITIONS, canonical_partition, parse_partition, probe_kind
 from ..models.init import INITS
 
 __all__ = ["RunConfig", "ON_NONFINITE", "PARTITIONS", "MAX_COPIES", "parse_partition", "probe_kind"]  # the last five: core's, re-exported
@@ -102,7 +102,7 @@ class RunConfig:
                 raise ConfigError("lr_gamma", f"is {lr_gamma:g}: after milestone {k} the learning rate {lr:g} x "
                                               f"{lr_gamma:g}^{k} is {scheduled:g}, not a finite number > 0; "
                                               "give a gamma that keeps it one, e.g. 0.1")
-        parse_partition(self.partition)
+        partition = canonical_partition(self.partition)   # replicate:011 is replicate:11
         _choice("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice("init", self.init, INITS)
         if not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
@@ -113,7 +113,7 @@ class RunConfig:
         self._check_probes(algo)
         self._check_device()
         return dataclasses.replace(self, algorithm=algo, workers=workers, epochs=epochs, eval_every=eval_every,
-                                   lr=lr, lr_gamma=lr_gamma, lr_milestones=milestones,
+                                   lr=lr, lr_gamma=lr_gamma, lr_milestones=milestones, partition=partition,
                                    val_split=self._val_split())
 
     def _val_split(self) -> int | float:
@@ -183,7 +183,8 @@ class RunConfig:
             raise ConfigError("val_split", f"holds out {held} of the {total} training samples, leaving none to train "
                                            "on; give fewer")
         n = total - held
-        budget, steps = int(round(self.epochs * n)), self.algorithm.steps_per_message
+        budget, steps = samples_of("epochs", self.epochs, n), self.algorithm.steps_per_message
+        samples_of("eval_every", self.eval_every, n)
         if steps > 1 and steps * self.batch_size > budget:   # the run would be one commit, past its budget
             raise ConfigError("window", f"is {steps}: one commit of {steps} mini-batches of {self.batch_size} is "
                                         f"{steps * self.batch_size} samples, more than the whole budget of "
@@ -216,6 +217,21 @@ class RunConfig:
                 "checkpoint_every": self.checkpoint_every, "init": self.init, "probe_every": self.probe_every,
                 # only with a split: the config.json of a run without one is as it was before val_split
                 **({"val_split": self.val_split} if self.val_split else {}), **self.extra}
+
+
+# The most samples a run may count: its counts are float64 columns (messages.jsonl) and JSON numbers, exact to
+# 2**53; a budget past it (epochs 1e308: an infinite product) was an OverflowError.
+MAX_SAMPLES = 2**53
+
+
+def samples_of(name: str, epochs: float, n: int) -> int:
+    """``epochs`` passes over ``n`` training samples as a count of samples (the sample budget, the interval of
+    evaluations); ConfigError naming ``name`` when that is more than a run can count."""
+    samples = epochs * n
+    if not samples <= MAX_SAMPLES:
+        raise ConfigError(name, f"is {epochs:g}: {epochs:g} x {n} training samples is {samples:g} samples, more "
+                                f"than a run can count ({MAX_SAMPLES:.4g}); give at most {MAX_SAMPLES / n:.4g}")
+    return int(round(samples))
 
 
 def _same(name: str, a, b) -> bool:

@@ -2,16 +2,20 @@
 
 ``read_text`` reads a regular file of bounded size: a FIFO, a device (a symlink to /dev/zero), a
 directory or a file past its limit is refused with a reason, never waited on or read into memory.
+``loads_toml`` and ``loads_json`` parse such text, a document nested too deeply for the parser included (a
+``TOMLDecodeError`` or ``JSONDecodeError`` like any other malformed one, never a ``RecursionError``).
 ``StagedFiles`` writes several files into a directory so that a failure part-way (a full disk) leaves
 the directory as it was.
 """
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
 import tempfile
+import tomllib
 from pathlib import Path
 
 # The most a file of a run may hold to be read: a reader holds what it reads in memory, and a file that is no
@@ -67,6 +71,30 @@ def read_text(path: str | os.PathLike, limit: int) -> str:
         raise UnreadableFile(f"cannot be read ({e.strerror or e})") from None
     finally:
         os.close(fd)
+
+
+_TOO_DEEP = "nested too deeply"
+
+
+class _NestedTooDeeply(tomllib.TOMLDecodeError):
+    def __init__(self):
+        ValueError.__init__(self, _TOO_DEEP)
+
+
+def loads_toml(text: str) -> dict:
+    """``tomllib.loads(text)``; a document nested too deeply is a ``TOMLDecodeError`` that says so."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise _NestedTooDeeply() from None
+
+
+def loads_json(text: str, **kwargs):
+    """``json.loads(text, **kwargs)``; a document nested too deeply is a ``JSONDecodeError`` that says so."""
+    try:
+        return json.loads(text, **kwargs)
+    except RecursionError:
+        raise json.JSONDecodeError(_TOO_DEEP, text, 0) from None
 
 
 class StagedFiles:

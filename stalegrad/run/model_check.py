@@ -4,7 +4,9 @@ The command line builds its model for the data (``models/``) from data sets that
 ``stalegrad.train`` takes any ``nn.Module`` and any ``x``/``y`` tensors. Without these checks a model of the
 wrong input shape, a head with fewer outputs than the data has classes, float or out-of-range labels and
 samples of another dtype than the weights all failed mid-run with torch's own error; here each is one
-``ConfigError`` naming the parameter, before the first step.
+``ConfigError`` naming the parameter, before the first step. So are ``train``'s other arguments
+(``check_arguments``): data sets without ``x`` and ``y`` tensors, a ``config`` that is no ``RunConfig``, a
+callback that cannot be called, a ``checkpoint_path`` without ``checkpoint_every``.
 """
 from __future__ import annotations
 
@@ -14,6 +16,33 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+
+
+def check_arguments(train_data, test_data, config, callbacks: dict) -> None:
+    """``train``'s arguments besides the options: ConfigError naming the first that ``train`` cannot use (an
+    AttributeError from deep inside before, or, for a callback, a TypeError mid-run)."""
+    from .config import RunConfig
+    for name, data in (("train_data", train_data), ("test_data", test_data)):
+        if not all(isinstance(getattr(data, k, None), torch.Tensor) for k in ("x", "y")):
+            raise ConfigError(name, f"must be a data set with x and y tensors (a stalegrad.data.Dataset, or any "
+                                    f"object with x and y), not {type(data).__name__}; for tensors (x, y) give "
+                                    "types.SimpleNamespace(x=x, y=y)")
+    if config is not None and not isinstance(config, RunConfig):
+        raise ConfigError("config", f"must be a RunConfig, not {type(config).__name__}; give the options as "
+                                    "keywords (algorithm='asgd', epochs=2) or config=RunConfig(...)")
+    for name, hook in callbacks.items():
+        if hook is not None and not callable(hook):
+            raise ConfigError(name, f"must be a function or None, not {type(hook).__name__}")
+
+
+def check_checkpoint(config, checkpoint_path) -> None:
+    """A (validated) configuration's checkpoints have a file, and a file has checkpoints (never dropped silently)."""
+    if config.checkpoint_every and checkpoint_path is None:
+        raise ConfigError("checkpoint_path", "is needed by checkpoint_every: the file to write checkpoints to")
+    if checkpoint_path is not None and not config.checkpoint_every:
+        raise ConfigError("checkpoint_path", "is given, but checkpoint_every is 0, so no checkpoint would be written "
+                                             "there; give checkpoint_every=N (server updates) too, or drop "
+                                             "checkpoint_path")
 
 
 def resolve_model(model, input_shape, num_classes) -> nn.Module:
@@ -65,6 +94,12 @@ def check_model(module: nn.Module, train_data, test_data, classes: int) -> None:
     one forward pass of two training samples, in eval mode, without gradients or random draws."""
     x = train_data.x
     weights = next((p for p in module.parameters()), None)
+    trained = [p for p in module.parameters() if p.requires_grad]
+    if not trained:
+        raise ConfigError("model", "has no trainable parameters (none with requires_grad); give it some to train")
+    if other := next((p.dtype for p in trained if p.dtype != torch.float32), None):
+        raise ConfigError("model", f"has {other} parameters, but the server trains one float32 vector of weights; "
+                                   "convert the model (model.float()) and its samples (x.float())")
     for name, data in (("train_data", train_data), ("test_data", test_data)):
         if not isinstance(data.x, torch.Tensor) or not data.x.is_floating_point():
             shown = data.x.dtype if isinstance(data.x, torch.Tensor) else type(data.x).__name__

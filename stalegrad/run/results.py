@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import UsageError
-from .files import JSON_LIMIT, JSONL_LIMIT, UnreadableFile, read_text
+from .files import JSON_LIMIT, JSONL_LIMIT, UnreadableFile, loads_json, read_text
 
 def weights_sha256(w) -> str:
     """summary.json's hash of the final weights (float32 bytes)."""
@@ -204,11 +204,9 @@ def _read(d: Path, name: str, lines: bool = False):
 
 def _parse(d: Path, name: str, text: str, line: int):
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
+        return loads_json(text)
+    except json.JSONDecodeError as e:   # (nested too deeply too: "nested too deeply at line N")
         raise DamagedRun(d, f"{name} is corrupt ({e.msg} at line {line or e.lineno})") from None
-    except RecursionError:
-        raise DamagedRun(d, f"{name} is corrupt (nested too deeply at line {line or 1})") from None
 
 
 # The numbers a record may hold (or null, for a non-finite value); any other key is left alone.

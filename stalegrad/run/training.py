@@ -19,9 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from ..algorithms import Algorithm
-from .config import RunConfig, default_lr  # noqa: F401  (default_lr: part of the API)
+from .config import RunConfig, default_lr, samples_of  # noqa: F401  (default_lr: part of the API)
 from ..errors import ConfigError
-from .model_check import check_model, num_classes, resolve_model
+from .model_check import check_arguments, check_checkpoint, check_model, num_classes, resolve_model
 from ..models.init import initialise
 from .progress import Progress, make_progress
 from .ahead import plan_ahead
@@ -86,8 +86,8 @@ class TrainingRun:
                                             config.seed, train_data.x.to(device), train_data.y.to(device),
                                             w0=self.server.w.clone(), model=self.model, device=device)
         self.num_samples = len(train_data.y)
-        self.sample_budget = int(round(config.epochs * self.num_samples))
-        self.eval_interval = max(1, int(round(config.eval_every * self.num_samples)))
+        self.sample_budget = samples_of("epochs", config.epochs, self.num_samples)
+        self.eval_interval = max(1, samples_of("eval_every", config.eval_every, self.num_samples))
         self.checkpoint_path = checkpoint_path if config.checkpoint_every else None
         self.samples = 0
         self.virtual_s = 0.0
@@ -337,6 +337,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
     """
     from ..runtimes import make_runtime
 
+    check_arguments(train_data, test_data, config, dict(on_start=on_start, on_first_step=on_first_step, on_eval=on_eval))
     given = {k: v for k, v in dict(algorithm=algorithm, workers=workers).items() if v is not None}
     if config is None:
         config = RunConfig.from_options(**given, **options)
@@ -344,8 +345,7 @@ def train(model, train_data, test_data, algorithm: Algorithm | str | None = None
         config = config.merged(**given, **options)
     config = config.validate()
     config.check_data(train_data, test_data)
-    if config.checkpoint_every and checkpoint_path is None:
-        raise ConfigError("checkpoint_path", "is needed by checkpoint_every: the file to write checkpoints to")
+    check_checkpoint(config, checkpoint_path)
     runtime = make_runtime(runtime if runtime is not None else "sim")
     if hasattr(runtime, "check"):   # optional part of the contract: runtime options against this run
         runtime.check(config)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import re
 import signal
@@ -51,10 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import RunError, UsageError
-from .grid_names import cell_name, toml_value
+from .grid_names import canonical, cell_name, toml_value
 from .report_protocol import grid_protocol
 from .report_time import grid_time_model
-from ..run.files import JSONL_LIMIT, UnreadableFile, disk_full, read_text
+from ..run.files import JSONL_LIMIT, UnreadableFile, disk_full, loads_json, loads_toml, read_text
 from ..run.results import DamagedRun, atomic_write, is_finished, last_line, read_summary, write_json
 
 ALIASES = {"algos": "algo", "seeds": "seed"}
@@ -97,20 +96,21 @@ def _train_options() -> tuple[dict, dict]:
     return {p.name: p for p in train.params}, {o.lstrip("-"): p.name for p in train.params for o in p.opts}
 
 
-def _check_value(where: str, key: str, v, param) -> None:
-    """A value of ``param`` in the grid file, typed as ``stalegrad train --config`` wants it."""
+def _check_value(where: str, key: str, v, param):
+    """A value of ``param`` in the grid file, typed as ``stalegrad train --config`` wants it, as the run records it."""
     from ..cli.options import toml_value_problem
     if isinstance(v, list) and param.callback is None:     # (hidden, lr_milestones take a list)
         raise UsageError(f"{where} {key} is a list: put it in [axes] to make it an axis" if "[fixed]" in where
                          else f"{where} {key}: each value must be a single value, not {v!r}")
     if (problem := toml_value_problem(param, v)) is not None:
         raise UsageError(f"{where} {key} {problem}")
+    return canonical(param.name, v)
 
 
 def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
     """(fixed, axes, report) of a grid file, keys as the option names of ``stalegrad train``."""
     try:
-        table = tomllib.loads(read_text(path, GRID_FILE_LIMIT))
+        table = loads_toml(read_text(path, GRID_FILE_LIMIT))
     except FileNotFoundError as e:
         raise UsageError(f"{path}: cannot read it ({e.strerror})") from None
     except UnreadableFile as e:
@@ -136,7 +136,7 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
             if name in fixed or name in out:
                 raise UsageError(f"{where} {key}: {name} is given twice (fixed or an axis, not both)")
             if section == "fixed":
-                _check_value(where, key, value, by_name[name])
+                value = _check_value(where, key, value, by_name[name])
             else:
                 if not isinstance(value, list):
                     shown = toml_value(value) if isinstance(value, (int, float, str, bool)) else "VALUE, ..."
@@ -147,7 +147,7 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
                 for v in value:
                     if by_name[name].callback is not None and not isinstance(v, list):
                         raise UsageError(f"{where} {key}: each value is a list, e.g. {key} = [[256, 128], [512]]")
-                    _check_value(where, key, v, by_name[name])
+                value = [_check_value(where, key, v, by_name[name]) for v in value]
                 dup = next((v for i, v in enumerate(value) if v in value[:i]), None)
                 if dup is not None:
                     raise UsageError(f"{where} {key} lists {toml_value(dup)} twice")
@@ -335,7 +335,7 @@ class GridRun:
             with _stops_on_full_disk(self.out / sub):
                 (self.out / sub).mkdir(parents=True, exist_ok=True)
         try:   # (a FIFO is refused, not waited on; at some hundred bytes a cell, the limit is a million cells)
-            prev = {r["name"]: r for r in json.loads(read_text(self.out / "grid.json", JSONL_LIMIT))["cells"]}
+            prev = {r["name"]: r for r in loads_json(read_text(self.out / "grid.json", JSONL_LIMIT))["cells"]}
         except (OSError, UnreadableFile, ValueError, KeyError, TypeError):
             prev = {}
         for rec in (self.records[c.name] for c in cells if self.actions[c.name] == "skip"):

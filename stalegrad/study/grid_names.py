@@ -5,10 +5,22 @@ Names: the algorithm and a part for every axis that applies to the cell, joined 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 
+from ..core.options import canonical_partition
+from ..errors import ConfigError
+
 PREFIX = {"workers": "M", "window": "W", "lr": "lr", "seed": "s", "algo": "", "delay": ""}
+
+
+def canonical(option: str, value):
+    """An option's value as a run records it (``replicate:011`` is ``replicate:11``): one layout, one cell name."""
+    if option == "partition":
+        with contextlib.suppress(ConfigError):   # (a wrong one: the cell's own check says so)
+            return canonical_partition(value)
+    return value
 
 
 def toml_value(v) -> str:

@@ -94,7 +94,7 @@ def _check_entry(path, algo: str, e) -> dict:
 
 def load_time_model(path) -> dict:
     """The checked time model in ``path``; ``TimeModelError`` (one line) if it is missing or malformed."""
-    from ..run.files import JSON_LIMIT, UnreadableFile, read_text
+    from ..run.files import JSON_LIMIT, UnreadableFile, loads_json, read_text
     try:
         text = read_text(path, JSON_LIMIT)
     except FileNotFoundError:
@@ -102,7 +102,7 @@ def load_time_model(path) -> dict:
     except UnreadableFile as e:
         raise TimeModelError(f"--time-model {path}: {e.reason}") from None
     try:
-        model = json.loads(text)
+        model = loads_json(text)
     except json.JSONDecodeError as e:
         raise TimeModelError(f"--time-model {path}: not JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(model, dict) or model.get("format") != FORMAT:
