@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -180,10 +181,10 @@ def _train(run: dict, stage: str, threads: int) -> tuple[str, int]:
     return run["name"], code
 
 
-def run_stage(stage: str, jobs: int, threads: int) -> int:
+def run_stage(stage: str, jobs: int, threads: int, match: str | None = None) -> int:
     plan = prepare(load_plan())
     selected = None if stage in ("select", "mechanism") else selection(plan)["rates"]
-    runs = runs_of(stage, plan, selected)
+    runs = [r for r in runs_of(stage, plan, selected) if match is None or re.search(match, r["name"])]
     todo = [r for r in runs if not (RUNS / stage / r["name"] / "summary.json").exists()]
     print(f"{stage}: {len(runs)} runs, {len(runs) - len(todo)} done, {len(todo)} to run, {jobs} at once", flush=True)
     bad = 0
@@ -288,11 +289,13 @@ def main(argv=None) -> int:
     ap.add_argument("stage", nargs="?", choices=STAGES)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--match", default=None, help="run only the stage's runs whose name matches this regex "
+                    "(an order of work; the stage is complete once every run is made)")
     a = ap.parse_args(argv)
     if a.action in ("run", "collect") and a.stage is None:
         ap.error(f"{a.action} needs a stage: one of {', '.join(STAGES)}")
     if a.action == "run":
-        return run_stage(a.stage, a.jobs, a.threads)
+        return run_stage(a.stage, a.jobs, a.threads, a.match)
     if a.action == "collect":
         collect(a.stage)
         return 0
