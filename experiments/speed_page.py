@@ -308,6 +308,9 @@ def runs_line(stages: dict, where: Path) -> list[str]:
         m = where / f"{st}.machine.json"
         info = __import__("json").loads(m.read_text()) if m.exists() else {}
         secs = sum(r["summary"].get("wall_s") or 0 for r in runs.values())
+        if not runs:
+            out.append(f"| {st} | 0 | 0 | not run | | |")
+            continue
         out.append(f"| {st} | {len(runs)} | {secs:.0f} | {info.get('cpu', 'n/a')}, {info.get('cores', 'n/a')} cores | "
                    f"`{info.get('commit')}` | "
                    f"{info.get('first_start')}, {info.get('last_end')} ({info.get('span_s')} s) |")
