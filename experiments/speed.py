@@ -151,10 +151,20 @@ def runs_of(stage: str, plan: dict, selected: dict | None = None) -> list[dict]:
             for arm in mech["arms"]:
                 for M in mech["workers"]:
                     for seed in seeds["mechanism"]:
-                        o = {**mech["options"], "algo": arm, "workers": M, "lr": lr, "seed": seed}
+                        o = {k: v for k, v in mech["options"].items() if k not in foreign_hyperparameters(arm)}
+                        o.update(algo=arm, workers=M, lr=lr, seed=seed)
                         out.append(_run(f"{arm}_M{M}_lr{lr:g}_s{seed}", o))
         return out
     raise SystemExit(f"speed.py: no stage {stage!r}; the stages are {', '.join(STAGES)}")
+
+
+def foreign_hyperparameters(arm: str) -> set[str]:
+    """The hyper-parameters of other rules that ``arm`` does not take (the mechanism's lam0 for asgd): a
+    setting shared by a stage's arms applies to those that have it, as in a grid's [fixed] table."""
+    from dataclasses import fields
+    from stalegrad.algorithms import ALGORITHMS
+    every = {f.name for cls in ALGORITHMS.values() for f in fields(cls)}
+    return every - {f.name for f in fields(ALGORITHMS[arm])}
 
 
 def prepare(plan: dict) -> dict:
