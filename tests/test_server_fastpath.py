@@ -88,8 +88,9 @@ def test_nonfinite_message_in_any_chunk_changes_nothing(name, where, monkeypatch
 def test_nonfinite_update_in_a_late_chunk_is_not_applied_anywhere(where, monkeypatch):
     """dcasgd-c: a finite but huge gradient overflows g*g; the update is dropped whole.
 
-    The state updates of the rule (here DC-ASGD-a's MeanSquare) happen as in
-    the whole-vector path, chunks after the bad one included."""
+    The rule's state (here DC-ASGD-a's MeanSquare) is put back as it was, the
+    chunks written before the bad one included (tests/test_transactional_updates.py:
+    every rule)."""
     for name in ("dcasgd-c", "dcasgd-a"):
         algo = make_algorithm(name)
         servers = [play(algo, chunked, monkeypatch, pushes=7, poison=(6, where, 3e30)) for chunked in (False, True)]
@@ -97,8 +98,8 @@ def test_nonfinite_update_in_a_late_chunk_is_not_applied_anywhere(where, monkeyp
         for s in servers:
             assert s.nonfinite_skipped == 1 and s.version == 6
             assert torch.equal(s.w, before.w)
-        for a, b in zip(tensors(servers[0].state), tensors(servers[1].state)):
-            assert torch.equal(a, b)
+            for a, b in zip(tensors(before.state), tensors(s.state)):
+                assert torch.equal(a, b)
 
 
 def test_update_overflow_from_the_learning_rate_matches_float32_arithmetic():

@@ -7,9 +7,11 @@ without changing a bit. The finiteness count is an integer reduction, which need
 reordering of float arithmetic either.
 
 Each kernel applies its update in place, ``w[i] <- fma(t[i], s, w[i])`` (torch's
-``w.add_(t, alpha=s)``), keeps the old ``w[i]`` in ``old[i]`` for the caller to put back
-when the update turns out not to be finite, and returns how many ``t[i]`` are NaN or
-above ``limit`` in magnitude (``s*t`` would overflow; see ``fused.finite_limit``).
+``w.add_(t, alpha=s)``), keeps the old ``w[i]`` in ``old[i]``, and the old value of every state
+element it writes in that state's ``keep_*`` array (the same loop: one store more, no pass of
+its own), for the caller to put back when the update turns out not to be finite. It returns how
+many elements are bad: ``t[i]`` NaN or above ``limit`` in magnitude (``s*t`` would overflow; see
+``fused.finite_limit``), or a state value it wrote not finite (a MeanSquare, a momentum sum).
 
 Every kernel comes twice: a serial loop, and a ``prange`` loop on numba's threads. A
 parallel launch costs about 50 us (measured), as much as a serial pass over 200K
@@ -53,17 +55,25 @@ def _sqrt(typingctx, a):
 _SERIAL = dict(fastmath=False, cache=True, nogil=True, error_model="numpy", _nrt=False)
 _PARALLEL = dict(_SERIAL, parallel=True, _nrt=True)   # a parallel reduction allocates
 _INLINE = dict(inline="always", fastmath=False, error_model="numpy", _nrt=False)
+_F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 @njit(**_INLINE)
-def _apply(d, i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit):
+def _bad(x):
+    """1 when the state value x is NaN or infinite (the update that wrote it is then undone), else 0."""
+    return 0 if abs(x) <= _F32_MAX else 1
+
+
+@njit(**_INLINE)
+def _apply(d, i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit):
     """GradientAlgorithm.sgd_step on element i of direction d, then the add. torch.add(d, w,
     alpha=wd) is fma(w, wd, d); buf.mul_(mom).add_(d) rounds twice; w.add_(t, alpha=s) is fma."""
     wi = w[i]
     if use_wd:
         d = _fma(wi, wd, d)
     if use_mom:
-        d = mom_buf[i] * mom + d
+        b = keep_buf[i] = mom_buf[i]
+        d = b * mom + d
         mom_buf[i] = d
     old[i] = wi
     w[i] = _fma(d, s, wi)
@@ -79,65 +89,69 @@ def _dcasgd_c(i, g, w, w_bak, lam):
 
 
 @njit(**_INLINE)
-def _dcasgd_a(i, g, w, w_bak, ms, lam0, ms_mom, ms_rate, eps):
+def _dcasgd_a(i, g, w, w_bak, ms, keep_ms, lam0, ms_mom, ms_rate, eps):
     # ms.mul_(m).addcmul_(g, g, value=1-m) = fma((1-m)*g, g, ms*m); torch.sub(w, w_bak).mul_(g).mul_(g);
     # torch.addcdiv(g, x, sqrt(ms + eps), value=lam0) = g + (lam0*x)/sqrt(ms + eps), no fma.
     # The square root is IEEE's (correctly rounded); torch's CPU sqrt (MKL's) is not always.
     gi = g[i]
-    m = _fma(ms_rate * gi, gi, ms[i] * ms_mom)
+    mi = keep_ms[i] = ms[i]
+    m = _fma(ms_rate * gi, gi, mi * ms_mom)
     ms[i] = m
     x = (w[i] - w_bak[i]) * gi * gi
-    return gi + lam0 * x / _sqrt(m + eps)
+    return gi + lam0 * x / _sqrt(m + eps), _bad(m)
 
 
 @njit(**_SERIAL)
-def sgd(g, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit):
+def sgd(g, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
     for i in range(g.size):
-        bad += _apply(g[i], i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+        bad += _apply(g[i], i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit)
     return bad
 
 
 @njit(**_PARALLEL)
-def sgd_parallel(g, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit):
+def sgd_parallel(g, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
     for i in prange(g.size):
-        bad += _apply(g[i], i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+        bad += _apply(g[i], i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit)
     return bad
 
 
 @njit(**_SERIAL)
-def dcasgd_c(g, w, w_bak, mom_buf, old, lam, wd, mom, use_wd, use_mom, s, limit):
+def dcasgd_c(g, w, w_bak, mom_buf, keep_buf, old, lam, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
     for i in range(g.size):
-        bad += _apply(_dcasgd_c(i, g, w, w_bak, lam), i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+        bad += _apply(_dcasgd_c(i, g, w, w_bak, lam), i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s,
+                      limit)
     return bad
 
 
 @njit(**_PARALLEL)
-def dcasgd_c_parallel(g, w, w_bak, mom_buf, old, lam, wd, mom, use_wd, use_mom, s, limit):
+def dcasgd_c_parallel(g, w, w_bak, mom_buf, keep_buf, old, lam, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
     for i in prange(g.size):
-        bad += _apply(_dcasgd_c(i, g, w, w_bak, lam), i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+        bad += _apply(_dcasgd_c(i, g, w, w_bak, lam), i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s,
+                      limit)
     return bad
 
 
 @njit(**_SERIAL)
-def dcasgd_a(g, w, w_bak, ms, mom_buf, old, lam0, ms_mom, ms_rate, eps, wd, mom, use_wd, use_mom, s, limit):
+def dcasgd_a(g, w, w_bak, ms, keep_ms, mom_buf, keep_buf, old, lam0, ms_mom, ms_rate, eps, wd, mom, use_wd, use_mom,
+             s, limit):
     bad = 0
     for i in range(g.size):
-        d = _dcasgd_a(i, g, w, w_bak, ms, lam0, ms_mom, ms_rate, eps)
-        bad += _apply(d, i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+        d, ms_bad = _dcasgd_a(i, g, w, w_bak, ms, keep_ms, lam0, ms_mom, ms_rate, eps)
+        bad += _apply(d, i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit) + ms_bad
     return bad
 
 
 @njit(**_PARALLEL)
-def dcasgd_a_parallel(g, w, w_bak, ms, mom_buf, old, lam0, ms_mom, ms_rate, eps, wd, mom, use_wd, use_mom, s,
-                      limit):
+def dcasgd_a_parallel(g, w, w_bak, ms, keep_ms, mom_buf, keep_buf, old, lam0, ms_mom, ms_rate, eps, wd, mom, use_wd,
+                      use_mom, s, limit):
     bad = 0
     for i in prange(g.size):
-        d = _dcasgd_a(i, g, w, w_bak, ms, lam0, ms_mom, ms_rate, eps)
-        bad += _apply(d, i, w, mom_buf, old, wd, mom, use_wd, use_mom, s, limit)
+        d, ms_bad = _dcasgd_a(i, g, w, w_bak, ms, keep_ms, lam0, ms_mom, ms_rate, eps)
+        bad += _apply(d, i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit) + ms_bad
     return bad
 
 
@@ -162,39 +176,43 @@ def _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap):
 
 
 @njit(**_INLINE)
-def _gap_aware_grad(i, g, w, w_bak, v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd, use_mom):
+def _gap_aware_grad(i, g, w, w_bak, v, keep_v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd, use_mom):
     # Gap-Aware as its authors' code reads it (ga_reading "authors"): the running average first, from x = g
     # (with momentum: the buffer the previous step left), v.mul_(beta).addcmul_(x, x, value=rate) =
     # fma(rate*x, x, v*beta); C = torch.sqrt(v / bias).add_(eps).mul_(lr_max); G = torch.sub(w, w_bak).abs_()
     # .div_(C).add_(1); the weight decay penalised too: torch.add(g, w, alpha=wd) = fma(w, wd, g), .div_(G).
     gi = g[i]
     x = mom_buf[i] if use_mom else gi
-    vi = _fma(rate * x, x, v[i] * beta)
+    vi = keep_v[i] = v[i]
+    vi = _fma(rate * x, x, vi * beta)
     v[i] = vi
     c = (_sqrt(vi / bias) + eps) * lr_max
     wi = w[i]
     d = _fma(wi, wd, gi) if use_wd else gi
-    return d / (abs(wi - w_bak[i]) / c + one)
+    return d / (abs(wi - w_bak[i]) / c + one), _bad(vi)
 
 
 @njit(**_INLINE)
-def _apply_tracked(d, i, w, mom_buf, v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit):
+def _apply_tracked(d, i, w, mom_buf, keep_buf, v, keep_v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit):
     """_apply, and the running average of the step's square: v.mul_(beta).addcmul_(d, d, value=rate)
     = fma(rate*d, d, v*beta), d the direction after weight decay and momentum."""
     wi = w[i]
     if use_wd:
         d = _fma(wi, wd, d)
     if use_mom:
-        d = mom_buf[i] * mom + d
+        b = keep_buf[i] = mom_buf[i]
+        d = b * mom + d
         mom_buf[i] = d
-    v[i] = _fma(rate * d, d, v[i] * beta)
+    vi = keep_v[i] = v[i]
+    vi = _fma(rate * d, d, vi * beta)
+    v[i] = vi
     old[i] = wi
     w[i] = _fma(d, s, wi)
-    return 0 if abs(d) <= limit else 1
+    return (0 if abs(d) <= limit else 1) + _bad(vi)
 
 
 @njit(**_INLINE)
-def _dana(i, g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
+def _dana(i, g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
     # (DANA-DC: d = _dcasgd_c's g_dc); torch.add(d, w, alpha=wd) = fma(w, wd, d);
     # change = torch.add(d, v, alpha=gamma-1) = fma(v, gamma-1, d); v.add_(change); vsum.add_(change);
     # w.add_(v, alpha=s) = fma(v, s, w)
@@ -202,124 +220,136 @@ def _dana(i, g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limi
     wi = w[i]
     if use_wd:
         d = _fma(wi, wd, d)
-    vi = v[i]
+    vi = keep_v[i] = v[i]
     change = _fma(vi, mom_m1, d)
     vi = vi + change
     v[i] = vi
-    vsum[i] = vsum[i] + change
+    si = keep_vsum[i] = vsum[i]
+    si = si + change
+    vsum[i] = si
     old[i] = wi
     w[i] = _fma(vi, s, wi)
-    return 0 if abs(vi) <= limit else 1
+    return (0 if abs(vi) <= limit else 1) + _bad(si)
 
 
 @njit(**_SERIAL)
-def sasgd(g, w, mom_buf, old, scale, wd, mom, use_wd, use_mom, s, limit):
+def sasgd(g, w, mom_buf, keep_buf, old, scale, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
     for i in range(g.size):
-        bad += _apply(_sasgd(i, g, w, wd, use_wd, scale), i, w, mom_buf, old, wd, mom, False, use_mom, s, limit)
+        bad += _apply(_sasgd(i, g, w, wd, use_wd, scale), i, w, mom_buf, keep_buf, old, wd, mom, False, use_mom, s,
+                      limit)
     return bad
 
 
 @njit(**_PARALLEL)
-def sasgd_parallel(g, w, mom_buf, old, scale, wd, mom, use_wd, use_mom, s, limit):
+def sasgd_parallel(g, w, mom_buf, keep_buf, old, scale, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
     for i in prange(g.size):
-        bad += _apply(_sasgd(i, g, w, wd, use_wd, scale), i, w, mom_buf, old, wd, mom, False, use_mom, s, limit)
+        bad += _apply(_sasgd(i, g, w, wd, use_wd, scale), i, w, mom_buf, keep_buf, old, wd, mom, False, use_mom, s,
+                      limit)
     return bad
 
 
 @njit(**_SERIAL)
-def gap_aware(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, use_gap, beta, rate, wd, mom, use_wd, use_mom,
-              s, limit):
+def gap_aware(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias, eps, lr_max, one, use_gap, beta, rate, wd, mom,
+              use_wd, use_mom, s, limit):
     bad = 0
     for i in range(g.size):
         d = _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap)
-        bad += _apply_tracked(d, i, w, mom_buf, v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
+        bad += _apply_tracked(d, i, w, mom_buf, keep_buf, v, keep_v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
     return bad
 
 
 @njit(**_PARALLEL)
-def gap_aware_parallel(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, use_gap, beta, rate, wd, mom, use_wd,
-                       use_mom, s, limit):
+def gap_aware_parallel(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias, eps, lr_max, one, use_gap, beta, rate,
+                       wd, mom, use_wd, use_mom, s, limit):
     bad = 0
     for i in prange(g.size):
         d = _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap)
-        bad += _apply_tracked(d, i, w, mom_buf, v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
+        bad += _apply_tracked(d, i, w, mom_buf, keep_buf, v, keep_v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
     return bad
 
 
 @njit(**_SERIAL)
-def gap_aware_grad(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, beta, rate, wd, mom, use_wd, use_mom, s,
-                   limit):
+def gap_aware_grad(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias, eps, lr_max, one, beta, rate, wd, mom, use_wd,
+                   use_mom, s, limit):
     bad = 0
     for i in range(g.size):
-        d = _gap_aware_grad(i, g, w, w_bak, v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd, use_mom)
-        bad += _apply(d, i, w, mom_buf, old, wd, mom, False, use_mom, s, limit)
+        d, v_bad = _gap_aware_grad(i, g, w, w_bak, v, keep_v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd,
+                                   use_mom)
+        bad += _apply(d, i, w, mom_buf, keep_buf, old, wd, mom, False, use_mom, s, limit) + v_bad
     return bad
 
 
 @njit(**_PARALLEL)
-def gap_aware_grad_parallel(g, w, w_bak, v, mom_buf, old, bias, eps, lr_max, one, beta, rate, wd, mom, use_wd,
-                            use_mom, s, limit):
+def gap_aware_grad_parallel(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias, eps, lr_max, one, beta, rate, wd, mom,
+                            use_wd, use_mom, s, limit):
     bad = 0
     for i in prange(g.size):
-        d = _gap_aware_grad(i, g, w, w_bak, v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd, use_mom)
-        bad += _apply(d, i, w, mom_buf, old, wd, mom, False, use_mom, s, limit)
+        d, v_bad = _gap_aware_grad(i, g, w, w_bak, v, keep_v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd,
+                                   use_mom)
+        bad += _apply(d, i, w, mom_buf, keep_buf, old, wd, mom, False, use_mom, s, limit) + v_bad
     return bad
 
 
 @njit(**_SERIAL)
-def dana(g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
+def dana(g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
     bad = 0
     for i in range(g.size):
-        bad += _dana(i, g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit)
+        bad += _dana(i, g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit)
     return bad
 
 
 @njit(**_PARALLEL)
-def dana_parallel(g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
+def dana_parallel(g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
     bad = 0
     for i in prange(g.size):
-        bad += _dana(i, g, w, w_bak, v, vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit)
+        bad += _dana(i, g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit)
     return bad
 
 
 @njit(**_INLINE)
-def _local_sgd(i, g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
+def _local_sgd(i, g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
     # Delayed Nesterov in the commit's sign (local_sgd.AsyncLocalSGD): total.add_(c); step = torch.div(c, n);
     # every N-th update b.mul_(beta).add_(total.div_(n)) (two roundings), step.add_(b, alpha) = fma(b, alpha,
     # step), total.zero_(); else (c > 0) step.add_(b, alpha) = fma; then w.add_(step, alpha=s) = fma
     gi = g[i]
-    ti = total[i] + gi
+    ti = keep_total[i] = total[i]
+    ti = ti + gi
     step = gi / n
     if momentum_update:
-        bi = b[i] * beta + ti / n
+        bi = keep_b[i] = b[i]
+        bi = bi * beta + ti / n
         b[i] = bi
         step = _fma(bi, alpha, step)
         total[i] = 0
+        state_bad = _bad(bi)
     else:
         total[i] = ti
         if use_alpha:
             step = _fma(b[i], alpha, step)
+        state_bad = _bad(ti)
     wi = w[i]
     old[i] = wi
     w[i] = _fma(step, s, wi)
-    return 0 if abs(step) <= limit else 1
+    return (0 if abs(step) <= limit else 1) + state_bad
 
 
 @njit(**_SERIAL)
-def local_sgd(g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
+def local_sgd(g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
     bad = 0
     for i in range(g.size):
-        bad += _local_sgd(i, g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit)
+        bad += _local_sgd(i, g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s,
+                          limit)
     return bad
 
 
 @njit(**_PARALLEL)
-def local_sgd_parallel(g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
+def local_sgd_parallel(g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
     bad = 0
     for i in prange(g.size):
-        bad += _local_sgd(i, g, w, total, b, old, n, momentum_update, beta, alpha, use_alpha, s, limit)
+        bad += _local_sgd(i, g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s,
+                          limit)
     return bad
 
 
@@ -344,14 +374,14 @@ def max_abs_bits_parallel(bits):
 
 # Every kernel pair, with the kinds of the arguments that compile it (or load it from numba's cache): "a" a
 # float32 vector, "s" a float32 scalar, "b" a flag, "i" an int32 vector (the bits of a float32 one).
-KERNELS = {"sgd": (sgd, sgd_parallel, "aaaassbbss"),
-           "dcasgd_c": (dcasgd_c, dcasgd_c_parallel, "aaaaasssbbss"),
-           "dcasgd_a": (dcasgd_a, dcasgd_a_parallel, "aaaaaassssssbbss"),
-           "sasgd": (sasgd, sasgd_parallel, "aaaasssbbss"),
-           "gap_aware": (gap_aware, gap_aware_parallel, "aaaaaassssbssssbbss"),
-           "gap_aware_grad": (gap_aware_grad, gap_aware_grad_parallel, "aaaaaassssssssbbss"),
-           "dana": (dana, dana_parallel, "aaaaaasbssbss"),
-           "local_sgd": (local_sgd, local_sgd_parallel, "aaaaasbssbss"),
+KERNELS = {"sgd": (sgd, sgd_parallel, "aaaaassbbss"),
+           "dcasgd_c": (dcasgd_c, dcasgd_c_parallel, "aaaaaasssbbss"),
+           "dcasgd_a": (dcasgd_a, dcasgd_a_parallel, "aaaaaaaassssssbbss"),
+           "sasgd": (sasgd, sasgd_parallel, "aaaaasssbbss"),
+           "gap_aware": (gap_aware, gap_aware_parallel, "aaaaaaaassssbssssbbss"),
+           "gap_aware_grad": (gap_aware_grad, gap_aware_grad_parallel, "aaaaaaaassssssssbbss"),
+           "dana": (dana, dana_parallel, "aaaaaaaasbssbss"),
+           "local_sgd": (local_sgd, local_sgd_parallel, "aaaaaaasbssbss"),
            "max_abs_bits": (max_abs_bits, max_abs_bits_parallel, "i")}
 _SAMPLE = {"a": lambda: np.ones(8, np.float32), "s": lambda: np.float32(0.5), "b": lambda: True,
            "i": lambda: np.ones(8, np.int32)}

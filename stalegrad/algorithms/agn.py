@@ -36,6 +36,7 @@ class CommitAlgorithm(Algorithm):
 
     normalise: ClassVar[bool] = False  # AGN divides the commit by the window
     batched_compute = True
+    server_writes = ()   # the commit is added as it is (AccumulatedCommit: an outer optimizer's buffer)
 
     def validate(self):
         super().validate()
@@ -100,6 +101,7 @@ class AccumulatedCommit(CommitAlgorithm):
     outer_momentum: float = param(0.9, "momentum mu of the nesterov outer optimizers", "--outer-momentum")
 
     per_element_state = ("outer_buffer",)
+    server_writes = ("outer_buffer",)
 
     def validate(self):
         super().validate()   # outer_opt among the field's choices: delayed-nesterov counts updates in a

@@ -38,9 +38,11 @@ Admission and rounds (pure in their arguments: a sharded server's driver asks th
         stops a worker's computation and starts it again at the current weights
 
 The server checks the amount for NaN/Inf (``t`` and the overflow of ``s * t``)
-before adding it, so a rule never needs to guard its own arithmetic. Rules
-must not modify ``w`` or the messages themselves. Rules marked ``@elementwise``
-are run on cache-sized chunks of the vectors (see ``elementwise``).
+before adding it, and the state the rule wrote, so a rule never needs to guard its
+own arithmetic: an update that is not finite is undone whole, the rule's state
+included (``server_writes``, ``core/transaction.py``). Rules must not modify ``w``
+or the messages themselves. Rules marked ``@elementwise`` are run on cache-sized
+chunks of the vectors (see ``elementwise``).
 """
 from __future__ import annotations
 
@@ -101,6 +103,15 @@ class Algorithm:
     # Keys of the server state that hold per-element tensors shaped like w (or lists of them, one
     # per worker); an @elementwise rule gets these sliced to a chunk and every other key as it is.
     per_element_state: ClassVar[tuple[str, ...]] = ()
+    # Keys of the server state whose tensors server_delta, round_delta and fused_apply write in place
+    # (a per-worker list: the pushing worker's tensor; in a round, every one). The server keeps their old
+    # values, and the state's scalars, so that an update that is not finite leaves the state as it was
+    # (``writes``: the keys of one push; a rule that ``drops_held`` may leave out what ``drop_held`` resets).
+    # None: not declared, every tensor of the state is kept.
+    server_writes: ClassVar[tuple[str, ...] | None] = None
+    # Whether an update that is not finite also drops the messages the rule holds for its step (``drop_held``,
+    # once the state is put back): Rennala's step sums its batch, which would overflow again with the next message.
+    drops_held: ClassVar[bool] = False
     # The simulator's probes (--probe-every) take the update to be -lr times the gradient, or the
     # commit itself; rules whose update is something else are not probed.
     probed: ClassVar[bool] = True
@@ -184,12 +195,21 @@ class Algorithm:
         Algorithm 5; Rennala SGD's "stop all the workers' calculations")."""
         return None
 
+    def writes(self, state: dict, worker: int | None) -> tuple[str, ...] | None:
+        """The keys of the state that the next update writes in place: ``worker``'s push, or a round (None).
+        Default ``server_writes``; a rule that writes a tensor only on some updates may say so here."""
+        return self.server_writes
+
+    def drop_held(self, state: dict) -> None:
+        """Forget the messages held for the next step (a rule whose ``drops_held`` is True)."""
+
     def fused_apply(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
-                    old: Tensor) -> bool | None:
+                    old: Tensor, keep: dict | None = None) -> bool | None:
         """server_delta's update added to ``w`` in place in one pass (``algorithms.fused``), the
-        old ``w`` kept in ``old``; returns whether the update is finite (the server then puts
-        ``old`` back if not). None: no fused kernel for this rule, run ``server_delta``. Called
-        only when the server runs the fused kernels (numba, float32 on the CPU)."""
+        old ``w`` kept in ``old`` and the old values of every state tensor it writes in ``keep[key]``
+        (one for each key of ``writes``); returns whether the update, and the state it wrote, is
+        finite (the server then puts them back if not). None: no fused kernel for this rule, run
+        ``server_delta``. Called only when the server runs the fused kernels (numba, float32 on the CPU)."""
         return None
 
 
@@ -225,6 +245,7 @@ def check_fraction(algo: Algorithm, name: str, low_open: bool = False, high_open
 class GradientAlgorithm(Algorithm):
     vectorisable = True
     per_element_state = ("momentum_buffer",)
+    server_writes = ("momentum_buffer",)
 
     momentum: float = param(0.0, "server heavy-ball momentum, applied after the delay correction", "--momentum")
     weight_decay: float = param(0.0, "L2 weight decay added to the (corrected) gradient on the server", "--weight-decay")
@@ -243,11 +264,11 @@ class GradientAlgorithm(Algorithm):
     def server_init(self, w, num_workers):
         return {"momentum_buffer": torch.zeros_like(w)} if self.momentum else {}
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         if not (self.momentum or self.weight_decay):
             return None   # the torch path is already one pass: w.add_(g, alpha=-lr)
         return fused.sgd_apply(msg, w, state.get("momentum_buffer"), old, weight_decay=self.weight_decay,
-                               momentum=self.momentum, s=-lr)
+                               momentum=self.momentum, s=-lr, keep=keep)
 
     def sgd_step(self, state: dict, w: Tensor, direction: Tensor, lr: float, out: Tensor) -> tuple[Tensor, float]:
         """The step -lr * (momentum buffer of (direction + weight_decay * w)), as (t, -lr).

@@ -28,8 +28,8 @@ The same size as DC-ASGD-a at every coordinate and push, no compensation on aver
 anti-damped systematically: its expected pull is zero at every push. The sign of coordinate i at push t
 is a hash of (REDRAW_SEED, t, i) alone (``redrawn_signs``: splitmix64 of the key i + t*2**32, which each
 weight keeps in the rule's state), the same in every run, at any thread count, on resume and however the
-server splits the vector into chunks or shards: the rule stays element-wise. t counts the messages the
-rule computed an update for (the versions, plus updates skipped as non-finite).
+server splits the vector into chunks or shards: the rule stays element-wise. t counts the updates applied
+(the versions: an update skipped as non-finite puts the keys back with the rest of the state).
 
 ``dcasgd-a-damped`` keeps the pull and drops the shape:
 
@@ -83,7 +83,7 @@ class DCASGDAdaptiveScrambled(DCASGDAdaptive):
     def drift(self, state, w, worker, out):
         return super().drift(state, w, worker, out).mul_(state["sign"])   # the sign scrambled per coordinate
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         return None   # no fused kernel: the torch operators of DCASGDAdaptive.server_delta
 
 
@@ -134,6 +134,7 @@ class DCASGDAdaptiveRedrawn(DCASGDAdaptive):
     # sign_key: i + t*2**32 (int64), which carries the push count t in every element: the server runs the
     # rule on chunks, each with its slice of the state, so a scalar counter would count chunks, not pushes
     per_element_state = DCASGDAdaptive.per_element_state + ("sign_key",)
+    server_writes = DCASGDAdaptive.server_writes + ("sign_key",)
 
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
@@ -146,7 +147,7 @@ class DCASGDAdaptiveRedrawn(DCASGDAdaptive):
         keys.add_(PUSH)   # in place: the next push's (t + 1)
         return out
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         return None   # no fused kernel: the torch operators of DCASGDAdaptive.server_delta, on chunks
 
 
@@ -178,5 +179,5 @@ class DCASGDAdaptiveDamped(DCASGDAdaptive):
         torch.add(g, self.drift(state, w, worker, out), alpha=c, out=out)   # g + c*(w - w_bak)
         return self.sgd_step(state, w, out, lr, out)
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         return None   # no fused kernel (nor chunks): the torch operators of server_delta

@@ -40,6 +40,7 @@ class DANAZero(GradientAlgorithm):
                "look-ahead w - lr*gamma*sum(v)")
     rule = "v[m] <- gamma*v[m] + g;  w <- w - lr*v[m];  pull: w_hat[m] = w - lr*gamma*sum_i v[i]"
     per_element_state = ("momenta", "momentum_sum", "w_bak")
+    server_writes = ("momenta", "momentum_sum")   # (w_bak, DANA-DC's look-ahead: written by on_pull only)
     momentum: float = param(0.9, "momentum gamma of each worker's momentum vector, kept on the server", "--momentum")
 
     def default_lr(self):
@@ -77,11 +78,11 @@ class DANAZero(GradientAlgorithm):
         state["lr"] = lr
         return v, -lr
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         # One pass (the look-ahead of on_pull stays one torch operator: a pass of its own, at pull time)
         finite = fused.dana_apply(msg, w, state["w_bak"][worker] if "w_bak" in state else None,
                                   state["momenta"][worker], state["momentum_sum"], old, lam=getattr(self, "lam", None),
-                                  gamma=self.momentum, weight_decay=self.weight_decay, s=-lr)
+                                  gamma=self.momentum, weight_decay=self.weight_decay, s=-lr, keep=keep)
         state["lr"] = lr
         return finite
 

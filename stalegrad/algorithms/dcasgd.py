@@ -24,6 +24,7 @@ from .base import GradientAlgorithm, check_fraction, check_nonnegative, check_po
 
 class _DelayCompensated(GradientAlgorithm):
     per_element_state = ("momentum_buffer", "w_bak", "mean_square")
+    server_writes = ("momentum_buffer", "mean_square")   # (w_bak: written by on_pull only)
 
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
@@ -54,9 +55,9 @@ class DCASGDConstant(_DelayCompensated):
         torch.addcmul(g, out, g, value=self.lam, out=out)
         return self.sgd_step(state, w, out, lr, out)
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         return fused.dcasgd_c_apply(msg, w, state["w_bak"][worker], state.get("momentum_buffer"), old,
-                                    lam=self.lam, weight_decay=self.weight_decay, momentum=self.momentum, s=-lr)
+                                    lam=self.lam, weight_decay=self.weight_decay, momentum=self.momentum, s=-lr, keep=keep)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ class DCASGDAdaptive(_DelayCompensated):
         Taylor term compensates (a mechanism control replaces it, ``algorithms.controls``)."""
         return torch.sub(w, state["w_bak"][worker], out=out)
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         return fused.dcasgd_a_apply(msg, w, state["w_bak"][worker], state["mean_square"][worker],
                                     state.get("momentum_buffer"), old, lam0=self.lam0, ms_momentum=self.ms_momentum,
-                                    eps=self.eps, weight_decay=self.weight_decay, momentum=self.momentum, s=-lr)
+                                    eps=self.eps, weight_decay=self.weight_decay, momentum=self.momentum, s=-lr,
+                                    keep=keep)

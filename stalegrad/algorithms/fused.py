@@ -4,9 +4,11 @@ Each torch operation of a rule is one pass over its operands, so DC-ASGD-a writt
 torch operators makes about a dozen passes over 4 to 6 vectors. The kernels here do
 the whole update in one loop (numba's LLVM JIT: no C compiler at the user's site): read
 the message, ``w`` and the rule's state once, update the state, add the step to ``w``
-in place, keep the old ``w`` in a buffer, and count the elements whose step is not a
-finite float32. The server puts the old ``w`` back when that count is not zero, so an
-update is still applied whole or not at all (``ParameterServer.prepare``/``commit``).
+in place, keep the old ``w`` and the old values of the state it writes in buffers (``old``,
+``keep``), and count the elements whose step, or whose new state, is not a finite float32.
+The server puts the old ``w`` and state back when that count is not zero, so an update is
+still applied whole or not at all, its state included (``ParameterServer.prepare``/``commit``,
+``core/transaction.py``).
 
 Rounding: every operation rounds as the torch operator it replaces (float32, same order,
 a fused multiply-add exactly where torch's CPU kernels use one). sgd, asgd, dcasgd-c, sasgd,
@@ -184,66 +186,76 @@ def max_abs(t) -> float:
     return float("nan") if top > 0x7F800000 else float(np.int32(top).view(np.float32))
 
 
-def _common(w, momentum_buffer, old, weight_decay, momentum, s):
+def kept(keep, key: str, t):
+    """Where a kernel keeps the old values of the state tensor ``t`` it writes: ``keep[key]`` (the server's
+    buffer, ``core/transaction.py``), or, with no buffer given, ``t`` itself (each old value stored where the
+    new one is stored next: nothing kept)."""
+    return (t if keep is None or keep.get(key) is None else keep[key]).numpy()
+
+
+def _common(w, momentum_buffer, old, weight_decay, momentum, s, keep=None):
     f = np.float32
     buf = momentum_buffer if momentum else old   # not touched without momentum
-    return (w.numpy(), buf.numpy(), old.numpy()), (f(weight_decay), f(momentum), bool(weight_decay),
-                                                   bool(momentum), f(s), finite_limit(s))
+    return (w.numpy(), buf.numpy(), kept(keep, "momentum_buffer", buf), old.numpy()), \
+        (f(weight_decay), f(momentum), bool(weight_decay), bool(momentum), f(s), finite_limit(s))
 
 
-def sgd_apply(g, w, momentum_buffer, old, *, weight_decay: float, momentum: float, s: float) -> bool:
+def sgd_apply(g, w, momentum_buffer, old, *, weight_decay: float, momentum: float, s: float, keep=None) -> bool:
     """w += s * sgd_step(g) (weight decay, then heavy-ball momentum) in place; ``old`` gets the
-    old w. True when the step is finite."""
-    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
-    return _kernel("sgd", g.numel())(g.numpy(), w_, buf, old_, *scalars) == 0
+    old w, ``keep`` (``{state key: tensor}``, optional) the old values of the state written. True
+    when the step (and the state written) is finite."""
+    arrays, scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s, keep)
+    return _kernel("sgd", g.numel())(g.numpy(), *arrays, *scalars) == 0
 
 
 def dcasgd_c_apply(g, w, w_bak, momentum_buffer, old, *, lam: float, weight_decay: float, momentum: float,
-                   s: float) -> bool:
+                   s: float, keep=None) -> bool:
     """w += s * sgd_step(g + lam*g*g*(w - w_bak)) in place; as ``sgd_apply``."""
-    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
-    return _kernel("dcasgd_c", g.numel())(g.numpy(), w_, w_bak.numpy(), buf, old_, np.float32(lam), *scalars) == 0
+    (w_, *rest), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s, keep)
+    return _kernel("dcasgd_c", g.numel())(g.numpy(), w_, w_bak.numpy(), *rest, np.float32(lam), *scalars) == 0
 
 
 def dcasgd_a_apply(g, w, w_bak, mean_square, momentum_buffer, old, *, lam0: float, ms_momentum: float,
-                   eps: float, weight_decay: float, momentum: float, s: float) -> bool:
+                   eps: float, weight_decay: float, momentum: float, s: float, keep=None) -> bool:
     """The MeanSquare update, then w += s * sgd_step(g + lam0/sqrt(ms+eps)*g*g*(w - w_bak)); as ``sgd_apply``."""
-    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
+    (w_, *rest), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s, keep)
     f = np.float32
-    return _kernel("dcasgd_a", g.numel())(g.numpy(), w_, w_bak.numpy(), mean_square.numpy(), buf, old_, f(lam0),
-                               f(ms_momentum), f(1 - ms_momentum), f(eps), *scalars) == 0
+    return _kernel("dcasgd_a", g.numel())(g.numpy(), w_, w_bak.numpy(), mean_square.numpy(),
+                                          kept(keep, "mean_square", mean_square), *rest, f(lam0), f(ms_momentum),
+                                          f(1 - ms_momentum), f(eps), *scalars) == 0
 
 
 def sasgd_apply(g, w, momentum_buffer, old, *, scale: float, weight_decay: float, momentum: float,
-                s: float) -> bool:
+                s: float, keep=None) -> bool:
     """w += s * sgd_step((g + weight_decay*w) * scale), the weight decay inside the scaling and the
     momentum outside it (sasgd's order); as ``sgd_apply``."""
-    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
-    return _kernel("sasgd", g.numel())(g.numpy(), w_, buf, old_, np.float32(scale), *scalars) == 0
+    arrays, scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s, keep)
+    return _kernel("sasgd", g.numel())(g.numpy(), *arrays, np.float32(scale), *scalars) == 0
 
 
 def gap_aware_apply(g, w, w_bak, step_square, momentum_buffer, old, *, updates: int, lr_max: float, beta: float,
-                    eps: float, weight_decay: float, momentum: float, s: float, authors: bool = True) -> bool:
+                    eps: float, weight_decay: float, momentum: float, s: float, authors: bool = True,
+                    keep=None) -> bool:
     """Gap-Aware's update, ``updates`` the updates before this one; as ``sgd_apply``. ``authors`` (the
     authors' code): v <- beta*v + (1-beta)*x*x (x = g, or with momentum the buffer before this step), G = 1 +
     |w - w_bak| / (lr_max*(sqrt(v/(1 - beta^(updates+1))) + eps)), d = momentum step of (g + wd*w)/G.
     Otherwise (the applied step): d = sgd_step(g / G) with v/(1 - beta^updates) in G (G = 1 when ``updates``
     is 0), then v <- beta*v + (1-beta)*d*d. Both then w += s*d."""
-    (w_, buf, old_), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s)
+    (w_, *rest), scalars = _common(w, momentum_buffer, old, weight_decay, momentum, s, keep)
     f = np.float32
+    v = (step_square.numpy(), kept(keep, "step_square", step_square))
     if authors:
         wd, mom, use_wd, use_mom, s32, limit = scalars
-        return _kernel("gap_aware_grad", g.numel())(g.numpy(), w_, w_bak.numpy(), step_square.numpy(), buf, old_,
+        return _kernel("gap_aware_grad", g.numel())(g.numpy(), w_, w_bak.numpy(), *v, *rest,
                                                     f(1 - beta ** (updates + 1)), f(eps), f(lr_max), f(1), f(beta),
                                                     f(1 - beta), wd, mom, use_wd, use_mom, s32, limit) == 0
     bias = f(1 - beta ** updates) if updates else f(1)
-    return _kernel("gap_aware", g.numel())(g.numpy(), w_, w_bak.numpy(), step_square.numpy(), buf, old_, bias,
-                                           f(eps), f(lr_max), f(1), bool(updates), f(beta), f(1 - beta),
-                                           *scalars) == 0
+    return _kernel("gap_aware", g.numel())(g.numpy(), w_, w_bak.numpy(), *v, *rest, bias, f(eps), f(lr_max), f(1),
+                                           bool(updates), f(beta), f(1 - beta), *scalars) == 0
 
 
 def dana_apply(g, w, w_bak, momentum, momentum_sum, old, *, lam: float | None, gamma: float, weight_decay: float,
-               s: float) -> bool:
+               s: float, keep=None) -> bool:
     """DANA's server step: d = g (DANA-DC, ``lam`` not None: g + lam*g*g*(w - w_bak)) + weight_decay*w,
     change = (gamma - 1)*v + d, v += change, momentum_sum += change, w += s*v; as ``sgd_apply``
     (``old`` gets the old w, True when s*v is finite)."""
@@ -251,18 +263,20 @@ def dana_apply(g, w, w_bak, momentum, momentum_sum, old, *, lam: float | None, g
     dc = lam is not None
     v = momentum.numpy()
     bak = w_bak.numpy() if dc else v   # not read without the delay compensation
-    return _kernel("dana", g.numel())(g.numpy(), w.numpy(), bak, v, momentum_sum.numpy(), old.numpy(),
+    return _kernel("dana", g.numel())(g.numpy(), w.numpy(), bak, v, kept(keep, "momenta", momentum),
+                                      momentum_sum.numpy(), kept(keep, "momentum_sum", momentum_sum), old.numpy(),
                                       f(lam if dc else 0.0), dc, f(gamma - 1), f(weight_decay), bool(weight_decay),
                                       f(s), finite_limit(s)) == 0
 
 
 def local_sgd_apply(c, w, dn_sum, buffer, old, *, n: int, momentum_update: bool, beta: float, share: float,
-                    s: float) -> bool:
+                    s: float, keep=None) -> bool:
     """async-local-sgd's Delayed Nesterov in the commit's sign: D += c, step = c/n, and on the n-th update
     b <- beta*b + D/n, step += (1 - share*n + share)*beta*b, D <- 0 (else step += share*beta*b when share
     > 0), then w += s*step in place; as ``sgd_apply`` (``old`` gets the old w, True when s*step is finite)."""
     f = np.float32
     alpha = (1 - share * n + share) * beta if momentum_update else share * beta
-    return _kernel("local_sgd", c.numel())(c.numpy(), w.numpy(), dn_sum.numpy(), buffer.numpy(), old.numpy(), f(n),
+    return _kernel("local_sgd", c.numel())(c.numpy(), w.numpy(), dn_sum.numpy(), kept(keep, "dn_sum", dn_sum),
+                                           buffer.numpy(), kept(keep, "outer_buffer", buffer), old.numpy(), f(n),
                                            bool(momentum_update), f(beta), f(alpha), bool(share), f(s),
                                            finite_limit(s)) == 0

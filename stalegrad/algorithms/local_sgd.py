@@ -80,6 +80,12 @@ class AsyncLocalSGD(AccumulatedCommit):
                         "0 <= c <= 1/N", "--dn-c")
 
     per_element_state = ("outer_buffer", "dn_sum")
+    server_writes = ("outer_buffer", "dn_sum")
+
+    def writes(self, state, worker):
+        if self.outer_opt == "delayed-nesterov" and (state["dn_updates"] + 1) % state["dn_delay"]:
+            return ("dn_sum",)   # the momentum moves on every N-th update only
+        return self.server_writes
 
     def validate(self):
         super().validate()
@@ -137,7 +143,7 @@ class AsyncLocalSGD(AccumulatedCommit):
         state["dn_updates"] = t + 1
         return step, self.outer_lr
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         if self.outer_opt != "delayed-nesterov":
             return None   # outer sgd and nesterov stay on torch operators (agn's outer_step)
         # One call on the whole vectors: the update count is moved here, once, as server_delta does.
@@ -145,4 +151,4 @@ class AsyncLocalSGD(AccumulatedCommit):
         state["dn_updates"] = t + 1
         return fused.local_sgd_apply(msg, w, state["dn_sum"], state["outer_buffer"], old, n=n,
                                      momentum_update=(t + 1) % n == 0, beta=self.outer_momentum, share=self.dn_c,
-                                     s=self.outer_lr)
+                                     s=self.outer_lr, keep=keep)

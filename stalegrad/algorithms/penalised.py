@@ -80,11 +80,11 @@ class StalenessAwareASGD(GradientAlgorithm):
             direction = torch.mul(msg, scale, out=out)
         return self.heavy_ball(state, direction, lr)
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         if not (self.momentum or self.weight_decay):
             return None   # the torch path is already one pass: w.add_(g, alpha=-lr*scale)
         return fused.sasgd_apply(msg, w, state.get("momentum_buffer"), old, scale=self.scale(tau),
-                                 weight_decay=self.weight_decay, momentum=self.momentum, s=-lr)
+                                 weight_decay=self.weight_decay, momentum=self.momentum, s=-lr, keep=keep)
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ class GapAware(GradientAlgorithm):
     rule = ("G = 1 + |w - w_bak[m]| / (lr_max*(sqrt(v_hat)+eps));  w <- w - lr*(g + wd*w)/G;  v: running mean "
             "of g^2 (momentum: of the buffer) before the step; --ga-reading applied-step: of the step after it")
     per_element_state = ("momentum_buffer", "w_bak", "step_square")
+    server_writes = ("momentum_buffer", "step_square")
     ga_beta: float = param(0.999, "decay beta of the running average of the squared gradient (or step) in C",
                            "--ga-beta")
     ga_eps: float = param(1e-8, "epsilon added to the root-mean-square gradient (or step) in C", "--ga-eps")
@@ -155,7 +156,7 @@ class GapAware(GradientAlgorithm):
             direction = torch.div(msg, gap, out=out)
         return self.heavy_ball(state, direction, lr)
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         # One call on the whole vectors: the scalars are updated here, once, as server_delta does.
         state["lr_max"] = max(state["lr_max"], lr)
         k = state["updates"]
@@ -163,4 +164,4 @@ class GapAware(GradientAlgorithm):
         return fused.gap_aware_apply(msg, w, state["w_bak"][worker], state["step_square"], state.get("momentum_buffer"),
                                      old, updates=k, lr_max=state["lr_max"], beta=self.ga_beta, eps=self.ga_eps,
                                      weight_decay=self.weight_decay, momentum=self.momentum, s=-lr,
-                                     authors=self.ga_reading == "authors")
+                                     authors=self.ga_reading == "authors", keep=keep)

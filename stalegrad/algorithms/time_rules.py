@@ -111,6 +111,8 @@ class RennalaSGD(GradientAlgorithm):
     rule = ("tau = 0: s <- s + g_m, until B of them: w <- w - lr*s/B, s <- 0;  tau > 0: g_m dropped   "
             "(B = rennala_batch; 0: M workers)")
     per_element_state = ("momentum_buffer", "grad_sum")
+    server_writes = ("momentum_buffer", "grad_sum")
+    drops_held = True   # a step that is not finite drops its batch whole, the messages held for it too
     rennala_batch: int = param(0, "B: gradients at the current weights averaged into one step (several may come from "
                                   "one fast worker); 0: B = M, the number of workers, one round of ssgd's batch at "
                                   "equal speeds. The paper's theory takes B = max(1, ceil(sigma^2/eps))",
@@ -130,6 +132,15 @@ class RennalaSGD(GradientAlgorithm):
         state.update(grad_sum=torch.zeros_like(w), gathered=0, batch=self.batch(num_workers))
         return state
 
+    def writes(self, state, worker):
+        # A held message only adds to the sum, kept as it is: one that overflows it makes the batch's step
+        # non-finite, and a skipped step drops the batch (drop_held), so the sum never needs its old values.
+        return () if state["gathered"] + 1 < state["batch"] else ("momentum_buffer",)
+
+    def drop_held(self, state):
+        state["grad_sum"].zero_()
+        state["gathered"] = 0
+
     def admits(self, worker, tau, num_workers):
         return tau == 0
 
@@ -148,7 +159,7 @@ class RennalaSGD(GradientAlgorithm):
         state["gathered"] = 0
         return self.sgd_step(state, w, out, lr, out)
 
-    def fused_apply(self, state, w, worker, msg, tau, lr, old):
+    def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         return None   # no fused kernel: a message is added to the sum, and only every B-th steps
 
 

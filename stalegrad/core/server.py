@@ -20,6 +20,8 @@ from ..algorithms.base import HELD
 from ..errors import ConfigError, RunError, UsageError
 from .options import ON_NONFINITE
 from .staleness import StalenessLog
+from .transaction import Undo, chunk_of
+from .state_checks import server_damage
 
 # Element-wise rules (see algorithms.base.elementwise) on vectors of at least
 # CHUNK_ABOVE elements run on the CPU in chunks of CHUNK elements (1 MiB of
@@ -66,7 +68,9 @@ class ParameterServer:
         self._admits = None if type(algorithm).admits is Algorithm.admits else algorithm.admits
         self.held: list[tuple[int, int]] = []   # (worker, tau) of messages a rule took in, logged with its step
         self._delta = torch.empty_like(self.w)
-        self._pending = None   # (steps, finite, what, records, undo) between prepare and commit
+        self._undo = Undo(algorithm, self.w)   # what an update changes, put back if it is not finite
+        # (steps, finite, what, records, undo) between prepare and commit; steps None: a message held
+        self._pending = None
 
     # ---- the two calls every runtime makes ---------------------------------
     def pull(self, worker: int, out: Tensor | None = None) -> Tensor:
@@ -86,8 +90,9 @@ class ParameterServer:
         """Apply (or, for synchronous algorithms, buffer) one message.
 
         Returns True when the weights changed. A message or an update with a
-        NaN/Inf is never applied: it is counted, or raises NonFiniteError. A wrong
-        call (``prepare``'s checks) is a UsageError, and nothing changes.
+        NaN/Inf is never applied: it is counted, or raises NonFiniteError, and the
+        rule's state is as it was (``core/transaction.py``). A wrong call
+        (``prepare``'s checks) is a UsageError, and nothing changes.
         """
         self.prepare(worker, msg, lr)
         return self.commit()
@@ -104,10 +109,10 @@ class ParameterServer:
     # with apply = "every shard's slice is finite", so that an update is applied whole or
     # not at all and every shard counts the same versions, hence the same tau.
     def prepare(self, worker: int, msg: Tensor, lr: float, message_finite: bool | None = None) -> tuple[bool, bool]:
-        """Phase one of ``push``: returns (pending, finite), whether an update now waits for
-        ``commit`` (not when a synchronous round stays open, or the message was dropped as
-        non-finite) and whether it is finite. ``message_finite`` is the whole message's
-        finiteness, given by whoever saw all of it (a shard sees only its slice).
+        """Phase one of ``push``: returns (pending, finite), whether an update (or a message the rule
+        holds for a later step) now waits for ``commit`` (not when a synchronous round stays open, or
+        the message was dropped as non-finite) and whether it is finite. ``message_finite`` is the whole
+        message's finiteness, given by whoever saw all of it (a shard sees only its slice).
 
         The boundary, checked on every call before anything changes, in both kernel paths (a few
         comparisons; ``server_checks`` says what is wrong): ``worker`` in 0..M-1, ``lr`` a finite
@@ -141,9 +146,7 @@ class ParameterServer:
         rule = self.algorithm.server_delta
         ok = self._prepare_update(lambda state, w, g, out: rule(state, w, worker, g, tau, lr, out),
                                   getattr(rule, "elementwise", False), msg, span, f"update from worker {worker}",
-                                  [(worker, tau)])
-        if ok is None:   # held: the rule took it into its state, and steps later
-            return False, True
+                                  [(worker, tau)], worker)
         return True, ok
 
     def prepare_removal(self, worker: int, lr: float = 0.0) -> tuple[bool, bool]:
@@ -157,15 +160,22 @@ class ParameterServer:
 
     def commit(self, apply: bool | None = None) -> bool:
         """Phase two: add the pending update (``apply``: default, whether it is finite).
-        Not applied, it is counted as non-finite (or raises NonFiniteError). True when ``w`` changed."""
+        Not applied, it is counted as non-finite (or raises NonFiniteError), and what its
+        prepare changed (the rule's state; a fused kernel's weights) is put back. A held
+        message is kept for the rule's next step. True when ``w`` changed."""
         pending, self._pending = self._pending, None
         if pending is None:
             return False
         steps, finite, what, records, undo = pending
         if not (finite if apply is None else apply):
-            if finite and undo is not None:   # applied by prepare (fused): put the old weights back
-                self.w.copy_(undo)
+            if finite and undo.restore():   # (prepare undid a non-finite one): another shard's was not finite
+                self.held = []
             return self._nonfinite(what)
+        if steps is None:   # the rule holds the message: logged with the step that uses it
+            self.held.extend(records)
+            return False
+        if self.held:
+            records, self.held = self.held + records, []
         w = self.w
         for a, b, t, s in steps:
             target = w if a is None else w[a:b]
@@ -215,9 +225,11 @@ class ParameterServer:
 
     def load_state_dict(self, sd: dict, strict: bool = True) -> None:
         """Load a ``state_dict``; with ``strict=False`` the parts it lacks (the algorithm state,
-        the round) stay as they are: a runtime that keeps the server elsewhere mirrors it so."""
-        if sd["w"].shape != self.w.shape:
-            raise ValueError(f"the checkpoint holds {sd['w'].numel()} weights, this model has {self.w.numel()}")
+        the round) stay as they are: a runtime that keeps the server elsewhere mirrors it so. A state that does not
+        fit this server (``state_checks.server_damage``) is one ``UsageError``, and nothing changes."""
+        if problem := server_damage(sd, self.state_dict(), self.num_workers, "sd", strict):
+            raise UsageError(f"load_state_dict: {problem}; pass a state_dict() of a server of this model, algorithm "
+                             f"and {self.num_workers} workers")
         device = self.w.device
         self.w.copy_(sd["w"])
         self.version = int(sd["version"])
@@ -237,16 +249,19 @@ class ParameterServer:
     # ---- internals ------------------------------------------------------------
     def _prepare_fused(self, worker: int, msg: Tensor, tau: int, lr: float) -> bool:
         """The fused kernel of the rule, if it has one: it adds the update to ``w`` at once,
-        keeping the old ``w`` in ``_delta``; a non-finite update is undone here, and an update
-        that ``commit`` is told not to apply (another shard's slice was not finite) there."""
+        keeping the old ``w`` in ``_delta`` and the old state in the undo's buffers; a non-finite
+        update is undone here, and an update that ``commit`` is told not to apply (another shard's
+        slice was not finite) there."""
         if not math.isfinite(_float32(lr)):
             return False   # the torch path counts it as non-finite
-        finite = self.algorithm.fused_apply(self.state, self.w, worker, msg, tau, lr, self._delta)
+        undo = self._undo.begin(self.state, worker)
+        finite = self.algorithm.fused_apply(self.state, self.w, worker, msg, tau, lr, self._delta,
+                                            keep=undo.keep(self.w, self._delta))
         if finite is None:
             return False
-        if not finite:
-            self.w.copy_(self._delta)
-        self._pending = ([], finite, f"update from worker {worker}", [(worker, tau)], self._delta)
+        if not finite and undo.restore():
+            self.held = []
+        self._pending = ([], finite, f"update from worker {worker}", [(worker, tau)], undo)
         return True
 
     def _prepare_round(self, lr: float) -> tuple[bool, bool]:
@@ -261,53 +276,63 @@ class ParameterServer:
         rule = self.algorithm.round_delta
         records = [(m, self.version - self.pulled_version[m]) for m in msgs]
         ok = self._prepare_update(lambda state, w, gs, out: rule(state, w, gs, lr, out),
-                                  getattr(rule, "elementwise", False), msgs, None, "synchronous round update", records)
+                                  getattr(rule, "elementwise", False), msgs, None, "synchronous round update", records,
+                                  None)
         return True, ok
 
-    def _prepare_update(self, rule, elementwise: bool, msg, span, what: str, records: list) -> bool:
-        """Run ``rule(state, w, msg, out)`` and check the update; keep it for ``commit``.
+    def _prepare_update(self, rule, elementwise: bool, msg, span, what: str, records: list, worker) -> bool:
+        """Run ``rule(state, w, msg, out)`` and check the update and the state it wrote; keep it for ``commit``.
 
         The rule writes the update into ``out`` (and returns None) or returns
         ``(t, s)`` for the update ``s*t``. ``msg`` is the message (or the dict
-        of a round's messages); ``span`` its (min, max), known finite, when it
-        is one tensor. Returns whether the update is finite, or None when a rule that is
-        not element-wise returned ``HELD``: it took the message into its state, and the
-        message's records wait for its step.
+        of a round's messages, ``worker`` None); ``span`` its (min, max), known finite,
+        when it is one tensor. Returns whether the update is finite. A rule that is not
+        element-wise may return ``HELD``: it took the message into its state (checked as an
+        update's), and ``commit`` keeps the message's records for its step.
 
-        An element-wise rule on the CPU runs on chunks of ``CHUNK`` elements of
-        everything (weights, messages, state, ``out``), each chunk checked while
-        still in cache; ``commit`` adds the chunks once all of them are known
-        finite, so that an update is applied whole or not at all.
+        The old values of what the rule writes are kept first (``transaction.Undo``) and put
+        back when the update, or the state it wrote, is not finite. An element-wise rule on
+        the CPU runs on chunks of ``CHUNK`` elements of everything (weights, messages, state,
+        ``out``), each chunk's state kept just before and its result checked while still in
+        cache; ``commit`` adds the chunks once all of them are known finite, so that an
+        update is applied whole or not at all, and the state of the chunks already written
+        is put back when a later one is not finite.
         """
         delta, w = self._delta, self.w
         n = delta.numel()
+        undo = self._undo.begin(self.state, worker)
         if not elementwise or delta.device.type != "cpu" or delta.dim() != 1 or n < CHUNK_ABOVE:
+            undo.save()
             result = rule(self.state, w, msg, delta)
             if result is HELD:
-                self.held.extend(records)
-                return None
-            if self.held:   # the messages the step uses are logged with it
-                records, self.held = self.held + records, []
-            t, s = self._step(result, delta)
-            finite = self._scaled_finite(t, s, span if t is msg else None)
-            self._pending = ([(None, None, t, s)], finite, what, records, None)
-            return finite
-        steps, finite = [], True
-        one = isinstance(msg, Tensor)
-        per_element = self.algorithm.per_element_state
-        whole = {"msg", "out"}   # the whole update is s*msg or s*out: add it in one call
-        for a in range(0, n, CHUNK):
-            b = min(a + CHUNK, n)
-            m = msg[a:b] if one else {k: g[a:b] for k, g in msg.items()}
-            out = delta[a:b]
-            t, s = self._step(rule(_chunk_of(self.state, per_element, a, b), w[a:b], m, out), out)
-            # the state updates of every chunk happen even when an earlier chunk failed
-            finite = finite and self._scaled_finite(t, s, span if t is m else None)
-            whole &= {"msg" if t is m else "out" if t is out else None}
-            steps.append((a, b, t, s))
-        if whole and len({s for *_, s in steps}) == 1:
-            steps = [(None, None, msg if whole == {"msg"} else delta, steps[0][3])]
-        self._pending = (steps, finite, what, records, None)
+                steps, finite = None, undo.state_finite(None, self._extremes)
+            else:
+                t, s = self._step(result, delta)
+                steps = [(None, None, t, s)]
+                finite = self._scaled_finite(t, s, span if t is msg else None) and \
+                    undo.state_finite(t, self._extremes)
+        else:
+            steps, finite = [], True
+            one = isinstance(msg, Tensor)
+            per_element = self.algorithm.per_element_state
+            whole = {"msg", "out"}   # the whole update is s*msg or s*out: add it in one call
+            for a in range(0, n, CHUNK):
+                b = min(a + CHUNK, n)
+                m = msg[a:b] if one else {k: g[a:b] for k, g in msg.items()}
+                out = delta[a:b]
+                undo.save(a, b)
+                t, s = self._step(rule(chunk_of(self.state, per_element, a, b), w[a:b], m, out), out)
+                finite = self._scaled_finite(t, s, span if t is m else None) and \
+                    undo.state_finite(t, self._extremes, a, b)
+                if not finite:   # the chunks after it are not run: nothing of theirs to put back
+                    break
+                whole &= {"msg" if t is m else "out" if t is out else None}
+                steps.append((a, b, t, s))
+            if finite and whole and len({s for *_, s in steps}) == 1:
+                steps = [(None, None, msg if whole == {"msg"} else delta, steps[0][3])]
+        if not finite and undo.restore():   # (Rennala: the batch dropped, its held messages too)
+            self.held = []
+        self._pending = (steps, finite, what, records, undo)
         return finite
 
     @staticmethod
@@ -355,34 +380,6 @@ def _float32(x: float) -> float:
         return struct.unpack("f", struct.pack("f", x))[0]
     except OverflowError:
         return math.copysign(math.inf, x)
-
-
-def _chunk_of(state: dict, per_element: tuple[str, ...], a: int, b: int) -> dict:
-    """Elements [a, b) of the algorithm's declared per-element state; the rest as it is."""
-    chunk = dict(state)
-    for key in per_element:
-        value = state.get(key)
-        if isinstance(value, Tensor):
-            chunk[key] = value[a:b]
-        elif isinstance(value, (list, tuple)):
-            chunk[key] = _Slices(value, a, b)
-    return chunk
-
-
-class _Slices:
-    """Elements [a, b) of each tensor of a per-worker list, sliced when indexed
-    (a rule touches one or two of the M workers' tensors)."""
-
-    __slots__ = ("seq", "a", "b")
-
-    def __init__(self, seq, a: int, b: int):
-        self.seq, self.a, self.b = seq, a, b
-
-    def __getitem__(self, i):
-        return self.seq[i][self.a:self.b]
-
-    def __len__(self) -> int:
-        return len(self.seq)
 
 
 def to_device(obj, device):

@@ -12,9 +12,12 @@ and the staleness log. The design that makes it agree:
   calls, and each shard executes its calls in the order they were sent (Ray
   runs one caller's calls to an actor in order);
 - a push is two-phase: every shard prepares its slice's update and says
-  whether it is finite; the driver commits with ``apply`` = "all slices are
-  finite", so an update is applied everywhere or nowhere, and every shard
-  counts the same versions (a skipped update counts on every shard too);
+  whether it is finite (the update and the state its rule wrote); the driver
+  commits with ``apply`` = "all slices are finite", so an update is applied
+  everywhere or nowhere, and every shard counts the same versions (a skipped
+  update counts on every shard too); a skipped update puts back the rule's
+  state on every shard, the shards whose own slice was finite included
+  (``core/transaction.py``), so each shard's state stays one server's slice;
 - whether the *message* is finite is decided on the whole message, by its
   sender (``message_finite``), not slice by slice.
 
@@ -22,13 +25,15 @@ So after every call each shard holds the same version, the same
 ``pulled_version`` and the same staleness log, and a message sees the same tau
 on every shard. A rule's admission (``Algorithm.admits``: a dropped message),
 its rounds (``round_complete``) and its held messages (``server_delta``
-returning ``HELD``: Rennala SGD) depend only on tau, the round's members and
-the calls, so every shard drops, holds and closes alike; the driver's
-``ShardedServer`` asks the same pure hooks to mirror them.
+returning ``HELD``: Rennala SGD, two-phase like an update, since the sum the
+rule keeps may overflow in one shard's slice) depend only on tau, the round's
+members and the calls, so every shard drops, holds and closes alike; the
+driver's ``ShardedServer`` asks the same pure hooks to mirror them.
 ``tests/test_sharding.py`` drives K shards and one server with the same calls
-and checks equal weights, versions and logs for every algorithm, including NaN
-messages and updates that overflow in one shard only (``tests/test_time_rules.py``:
-dropped and held messages, on random schedules).
+and checks equal weights, versions, logs and rule state for every algorithm,
+including NaN messages and updates that overflow in one shard only
+(``tests/test_time_rules.py``: dropped and held messages, on random schedules;
+``tests/test_transactional_updates.py``: the state after a skipped update).
 
 ``ShardedServer`` is the driver's side, independent of transport: ``call``
 runs one method on every shard (in this process for tests, on Ray actors in
@@ -152,9 +157,6 @@ class ShardedServer:
             return False
         if self.synchronous:
             self.round[worker] = bool(message_finite)
-        elif message_finite and not any(bool(p) for p, _ in results):   # held by the rule for its next step
-            self.held.append((worker, tau))
-            return False
         return self._commit(results, [(worker, tau)])
 
     def remove_worker(self, worker: int, lr: float = 0.0) -> bool:
@@ -190,15 +192,20 @@ class ShardedServer:
             raise RuntimeError(f"the server shards disagree on a pending update: {results}")
         if not pending.pop():
             return False
-        if self.held and not self.synchronous:   # the held messages are logged with the step that uses them
-            records, self.held = self.held + records, []
-        applied = self.call("commit", [(all(bool(f) for _, f in results),)] * self.shards)
+        finite = all(bool(f) for _, f in results)
+        applied = self.call("commit", [(finite,)] * self.shards)
         if len(set(applied)) != 1:
             raise RuntimeError(f"the server shards disagree on an update: {applied}")
         if applied[0]:
+            if self.held and not self.synchronous:   # the held messages are logged with the step that uses them
+                records, self.held = self.held + records, []
             for m, tau in records:
                 self.staleness.record(m, tau)
             self.version += 1
+        elif finite and not self.synchronous:   # committed, the weights unchanged: the rule holds the message
+            self.held += records
+        elif self.algorithm.drops_held:   # skipped: the rule dropped what it held too (Rennala's batch)
+            self.held = []
         return bool(applied[0])
 
 
