@@ -256,11 +256,21 @@ def local_table(plan, sel, sim_runs, local_runs) -> list[str]:
                             f"{'> H' if math.isinf(km_median(ts)) else f'{km_median(ts):.0f} s'}, "
                             f"{sum(ok for _, ok in ts)}/{len(ts)}")
             out.append(f"| {NAMES[p]} | {a} | {cols[0]} | {cols[1]} |")
-    out.append("")
+    late = msgs = 0
+    for r in local_runs.values():
+        for w in ((r["summary"].get("pacing") or {}).get("per_worker") or []):
+            late, msgs = late + w["overruns"], msgs + w["messages"]
+    out += ["", f"Pacing held: {late} of the local runs' {msgs} messages took longer to compute than their drawn "
+            "time (core/pacing.py's overruns); every other message waited out exactly its drawn time."]
     for p in loc["profiles"]:
-        same = orders[(p, "sim")] == orders[(p, "local")]
-        out.append(f"- {NAMES[p]}: simulator {' < '.join(orders[(p, 'sim')]) or 'none'}; local runtime "
-                   f"{' < '.join(orders[(p, 'local')]) or 'none'}: **{'the same order' if same else 'a different order'}**.")
+        text = {}
+        for which, cells in (("sim", sim[p]), ("local", real[p])):
+            reached = [a for a in orders[(p, which)] if math.isfinite(km_median(cells[a]))]
+            behind = sorted(set(cells) - set(reached))
+            text[which] = (" < ".join(reached) or "none") + (f"; not by H: {', '.join(behind)}" if behind else "")
+        same = text["sim"] == text["local"]
+        out.append(f"- {NAMES[p]}: simulator {text['sim']}; local runtime {text['local']}: "
+                   f"**{'the same order' if same else 'a different order'}**.")
     return out
 
 
@@ -299,6 +309,13 @@ def selection_table(plan, sel) -> list[str]:
         out.append(f"| {arm} | {M} | {'missing' if lr is None else f'{lr:g}'}{edge} | {each} |")
     best = ", ".join(f"M = {M}: {a}" for M, a in sorted(sel["best"].items()))
     return out + ["", f"The best asynchronous arm on the selection seeds: {best or 'not yet selected'}."]
+
+
+def cpu_hours(stages: dict) -> str:
+    secs = sum(r["summary"].get("wall_s") or 0 for runs in stages.values() for r in runs.values())
+    n = sum(len(runs) for runs in stages.values())
+    return (f"In all {n} runs and {secs / 3600:.1f} CPU hours of training (each simulated run on one thread; a local "
+            "run's wall seconds, its 8 workers sharing the 2 cores), plus about 2 s of start-up a run.")
 
 
 def runs_line(stages: dict, where: Path) -> list[str]:
@@ -358,7 +375,7 @@ def render(where: Path = S.COLLECTED, plan: dict | None = None, registration: Pa
         "Per arm and M under the homogeneous profile, before any reporting seed ran; the same rate then ran under "
         "every profile. sequential SGD (M = 1) on its own horizon.", "", *selection_table(plan, sel), "",
         "## Changes after registration", "", *changes, "",
-        "## The runs", "", *runs_line(stages, where), "",
+        "## The runs", "", *runs_line(stages, where), "", cpu_hours(stages), "",
     ]
     return "\n".join(lines)
 
