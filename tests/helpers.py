@@ -206,3 +206,35 @@ def deadline(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def state_tensors(state) -> list:
+    """Every tensor of a rule's (nested) state, in a fixed order."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in state_tensors(v)]
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in state_tensors(v)]
+    return []
+
+
+def cut(train, path, monkeypatch, at_version: int = 10) -> None:
+    """Run ``train(path)`` until the server's version reaches ``at_version``, where its push raises: the run
+    stops as one killed there would, leaving the checkpoint it last saved at ``path``."""
+    import pytest
+    from stalegrad import ParameterServer
+
+    class Interrupt(Exception):
+        pass
+
+    original = ParameterServer.push
+
+    def push(self, worker, msg, lr):
+        if self.version == at_version:
+            raise Interrupt()
+        return original(self, worker, msg, lr)
+    with monkeypatch.context() as mp:
+        mp.setattr(ParameterServer, "push", push)
+        with pytest.raises(Interrupt):
+            train(path)

@@ -280,25 +280,13 @@ def test_the_controls_train_in_the_simulator_and_are_reproducible():
 
 @pytest.mark.parametrize("name", [REDRAWN, DAMPED])
 def test_a_resumed_run_ends_with_the_uninterrupted_run_bits(name, tmp_path, monkeypatch):
-    from helpers import TEST, TRAIN
-
-    class Interrupt(Exception):
-        pass
+    from helpers import TEST, TRAIN, cut
 
     def train(path, resume=None):
         return sg.train("logreg", TRAIN, TEST, name, 3, sg.Simulator(delay="gamma:2"), epochs=2, batch_size=8,
                         lr=0.1, seed=5, checkpoint_every=7, checkpoint_path=path, resume=resume)
     full = train(tmp_path / "full.pt")
-    original = sg.ParameterServer.push
-
-    def push(self, worker, msg, lr):
-        if self.version == 10:
-            raise Interrupt()
-        return original(self, worker, msg, lr)
-    with monkeypatch.context() as mp:
-        mp.setattr(sg.ParameterServer, "push", push)
-        with pytest.raises(Interrupt):
-            train(tmp_path / "cut.pt")
+    cut(train, tmp_path / "cut.pt", monkeypatch, at_version=10)
     saved = torch.load(tmp_path / "cut.pt", weights_only=True)
     assert saved["run"]["server"]["version"] == 7
     resumed = train(tmp_path / "cut.pt", resume=tmp_path / "cut.pt")

@@ -8,6 +8,7 @@ import torch
 import stalegrad.core.server as server_mod
 from stalegrad.algorithms import make_algorithm
 from stalegrad.core.server import NonFiniteError, ParameterServer
+from helpers import state_tensors as tensors
 
 N = 1000   # with CHUNK = 64: 15 full chunks and a partial one
 
@@ -42,16 +43,6 @@ def play(algo, chunked: bool, monkeypatch, *, M=3, pushes=12, poison=None, lr=0.
         if poison is None or i != poison[0]:
             server.pull(m)
     return server
-
-
-def tensors(state):
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [t for v in state.values() for t in tensors(v)]
-    if isinstance(state, (list, tuple)):
-        return [t for v in state for t in tensors(v)]
-    return []
 
 
 ALGOS = [("sgd", {}, 1), ("asgd", {}, 3), ("asgd", {"momentum": 0.9, "weight_decay": 0.01}, 3),

@@ -26,7 +26,7 @@ from stalegrad.core.worker import BatchStream
 from stalegrad.errors import ConfigError
 from stalegrad.runtimes import Simulator
 
-from helpers import TEST, TRAIN, logreg_grad
+from helpers import TEST, TRAIN, cut, logreg_grad
 
 KERNELS = ["torch", pytest.param("numba", marks=pytest.mark.skipif(
     importlib.util.find_spec("numba") is None, reason="the fused kernels need numba"))]
@@ -443,10 +443,6 @@ def test_updates_dropped_is_in_summary_and_staleness_json(tmp_path, capsys):
     assert staleness["updates"] == 3 * summary["updates"]
 
 
-class Interrupt(Exception):
-    pass
-
-
 @pytest.mark.parametrize("name,params,delay", [("rennala", {"rennala_batch": 2}, "gamma:2"),
                                                ("m-ssgd", {}, "straggler:3"),
                                                ("ringmaster", {"delay_threshold": 2, "stops": "on"}, "gamma:2")])
@@ -456,16 +452,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, name, param
         return sg.train("mlp", TRAIN, TEST, make_algorithm(name, **params), 3, Simulator(delay=delay), epochs=2,
                         batch_size=8, seed=5, eval_every=0.5, checkpoint_every=7, checkpoint_path=path, resume=resume)
     full = train(tmp_path / "full.pt")
-    original = ParameterServer.push
-
-    def push(self, worker, msg, lr):
-        if self.version == 10:
-            raise Interrupt()
-        return original(self, worker, msg, lr)
-    with monkeypatch.context() as mp:
-        mp.setattr(ParameterServer, "push", push)
-        with pytest.raises(Interrupt):
-            train(tmp_path / "cut.pt")
+    cut(train, tmp_path / "cut.pt", monkeypatch, at_version=10)
     saved = torch.load(tmp_path / "cut.pt", weights_only=True)
     assert saved["run"]["server"]["version"] == 7
     resumed = train(tmp_path / "cut.pt", resume=tmp_path / "cut.pt")

@@ -24,6 +24,7 @@ from stalegrad.algorithms import ALGORITHMS, make_algorithm
 from stalegrad.core.server import NonFiniteError, ParameterServer
 from stalegrad.core.sharding import ShardedServer, local_shards, merge_states, shard_bounds
 from stalegrad.core.transaction import Undo
+from helpers import state_tensors as tensors
 
 N, M, BIG, BIG_LR, LR = 1000, 3, 3e38, 1e10, 0.05
 KERNELS = ["torch", pytest.param("numba", marks=pytest.mark.skipif(
@@ -324,11 +325,3 @@ def reset_by_drop_held(algo, state) -> set:
     return {id(t) for t, c in zip(tensors(state), tensors(copy)) if not bool((c == 1).all())}
 
 
-def tensors(state):
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [t for v in state.values() for t in tensors(v)]
-    if isinstance(state, (list, tuple)):
-        return [t for v in state for t in tensors(v)]
-    return []
