@@ -5,7 +5,7 @@
     python experiments/speed.py run report                # the selected rates on the reporting seeds
     python experiments/speed.py run mechanism             # DC-ASGD-a and its controls at every rate
     python experiments/speed.py run local --jobs 1        # the local runtime's subset, one run at a time
-    python experiments/speed.py collect report|mechanism|local
+    python experiments/speed.py collect report           # likewise mechanism and local
     python experiments/speed.py page                      # docs/results/SPEED.md from the collected runs
 
 Every stage is resumable: a run whose summary.json exists is skipped. The runs live in runs/speed/<stage>/; only

@@ -6,6 +6,7 @@ regenerates it byte for byte.
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import tomllib
@@ -40,15 +41,17 @@ def run_of(plan: dict, runs: dict, arm: str, lr: float, M: int, profile: str, se
     return runs.get(prefix + r["name"])
 
 
-def cell_time(plan, sel, runs, arm, M, profile, seed, clock="virtual_s", scale=1.0, prefix=""):
-    """(T, reached) of one run against its cell's target and horizon, or None when the run is missing."""
+def cell_time(plan, sel, runs, arm, M, profile, seed, clock="virtual_s", scale=1.0, prefix="", target=None):
+    """(T, reached) of one run against its cell's horizon and target (or ``target``), or None when the run is
+    missing."""
     lr = sel["rates"].get((arm, 1 if arm == "sgd" else M))
     if lr is None:
         return None
     r = run_of(plan, runs, arm, lr, M, profile, seed, prefix)
     if r is None:
         return None
-    return S.time_reached(r, plan["time"]["target"][str(M)], S.horizon(plan, profile, M), plan, clock, scale)
+    target = plan["time"]["target"][str(M)] if target is None else target
+    return S.time_reached(r, target, S.horizon(plan, profile, M), plan, clock, scale)
 
 
 # ---------------------------------------------------------------- the claims
@@ -178,7 +181,7 @@ def km_median(times: list[tuple[float, bool]]) -> float:
 
 
 def soonest(plan, sel, runs, M: int, seeds=None, clock="virtual_s", scale=1.0, prefix="", arms=None,
-            profiles=None) -> dict:
+            profiles=None, target=None) -> dict:
     """{profile: {arm: [(T, reached) per seed]}} for every arm with all its runs."""
     seeds = seeds or seeds_for(plan, M)
     arms = arms or [a for a in plan["time"]["arms"]]
@@ -188,7 +191,7 @@ def soonest(plan, sel, runs, M: int, seeds=None, clock="virtual_s", scale=1.0, p
         for a in arms:
             if (a, 1 if a == "sgd" else M) not in sel["rates"]:
                 continue
-            ts = [cell_time(plan, sel, runs, a, M, p, s, clock, scale, prefix) for s in seeds]
+            ts = [cell_time(plan, sel, runs, a, M, p, s, clock, scale, prefix, target) for s in seeds]
             if all(t is not None for t in ts):
                 cell[a] = ts
         out[p] = cell
@@ -224,15 +227,8 @@ def soonest_table(plan, sel, runs, M: int) -> list[str]:
 def higher_target(plan, sel, runs, M: int = 8, target: float = 0.85) -> str:
     """How many reporting runs at M reached ``target`` by their cell's horizon: why the registered target is
     lower (PLAN.md, the pilots)."""
-    got = reached = 0
-    for p in plan["time"]["profiles"]:
-        for a in plan["time"]["arms"]:
-            lr = sel["rates"].get((a, 1 if a == "sgd" else M))
-            for s in seeds_for(plan, M):
-                r = None if lr is None else run_of(plan, runs, a, lr, M, p, s)
-                if r is not None:
-                    got += 1
-                    reached += S.time_reached(r, target, S.horizon(plan, p, M), plan)[1]
+    times = [t for cell in soonest(plan, sel, runs, M, target=target).values() for ts in cell.values() for t in ts]
+    got, reached = len(times), sum(ok for _, ok in times)
     return (f"Why 80% and not 85%: of the {got} reporting runs at M = {M}, {reached} reached {100 * target:.0f}% "
             "validation accuracy by their cell's horizon.")
 
@@ -323,7 +319,7 @@ def runs_line(stages: dict, where: Path) -> list[str]:
            "(span) |", "|---|---|---|---|---|---|"]
     for st, runs in stages.items():
         m = where / f"{st}.machine.json"
-        info = __import__("json").loads(m.read_text()) if m.exists() else {}
+        info = json.loads(m.read_text()) if m.exists() else {}
         secs = sum(r["summary"].get("wall_s") or 0 for r in runs.values())
         if not runs:
             out.append(f"| {st} | 0 | 0 | not run | | |")
@@ -354,7 +350,7 @@ def render(where: Path = S.COLLECTED, plan: dict | None = None, registration: Pa
         f"{len(plan['claim'])} claims at family-wise α = {plan['rules']['alpha']}; *holds* when the adjusted p is "
         "below it, *does not hold* when the 95% t interval lies wholly on the other side of the null, else "
         "*inconclusive*. A ratio T_a / T_b below 1: a is sooner.", "",
-        "Commands: `python experiments/speed.py run select|report|mechanism|local` (resumable), "
+        "Commands: `python experiments/speed.py run STAGE` (STAGE: select, report, mechanism, local; resumable), "
         "`python experiments/speed.py collect STAGE`, then `python experiments/speed.py page`.", "",
         "## The claims", "", *claims, "",
         "## On 8 uneven workers, which method reaches 80% soonest?", "",
