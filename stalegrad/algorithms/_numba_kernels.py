@@ -13,11 +13,13 @@ its own), for the caller to put back when the update turns out not to be finite.
 many elements are bad: ``t[i]`` NaN or above ``limit`` in magnitude (``s*t`` would overflow; see
 ``fused.finite_limit``), or a state value it wrote not finite (a MeanSquare, a momentum sum).
 
-Every kernel comes twice: a serial loop, and a ``prange`` loop on numba's threads. A
-parallel launch costs about 50 us (measured), as much as a serial pass over 200K
-elements, so ``fused`` runs the serial one on one thread or short vectors.
+Every kernel is one body, a ``prange`` loop, compiled twice (``_serial_and_parallel``): a serial
+loop, and a loop on numba's threads. A parallel launch costs about 50 us (measured), as much as
+a serial pass over 200K elements, so ``fused`` runs the serial one on one thread or short vectors.
 """
 from __future__ import annotations
+
+from types import FunctionType
 
 import numpy as np
 from numba import njit, prange
@@ -56,6 +58,25 @@ _SERIAL = dict(fastmath=False, cache=True, nogil=True, error_model="numpy", _nrt
 _PARALLEL = dict(_SERIAL, parallel=True, _nrt=True)   # a parallel reduction allocates
 _INLINE = dict(inline="always", fastmath=False, error_model="numpy", _nrt=False)
 _F32_MAX = np.float32(np.finfo(np.float32).max)
+
+# Every kernel pair: name -> (serial, parallel, the kinds of the arguments that compile it or load it from
+# numba's cache): "a" a float32 vector, "s" a float32 scalar, "b" a flag, "i" an int32 vector (a float32's bits).
+KERNELS: dict = {}
+
+
+def _serial_and_parallel(kinds: str):
+    """Compile one body, a ``prange`` loop, twice: serial (numba reads ``prange`` as ``range`` without
+    ``parallel``: the code of a ``range`` loop) and on numba's threads. The parallel one compiles a copy
+    of the function under its own name: numba's cache names its files after the function, and keys
+    them by signature and bytecode, not options, so two compilations of one would read each other's."""
+    def compile_both(body):
+        copy = FunctionType(body.__code__, body.__globals__, f"{body.__name__}_parallel", body.__defaults__,
+                            body.__closure__)
+        copy.__qualname__ = f"{body.__qualname__}_parallel"
+        serial = njit(**_SERIAL)(body)
+        KERNELS[body.__name__] = (serial, njit(**_PARALLEL)(copy), kinds)
+        return serial
+    return compile_both
 
 
 @njit(**_INLINE)
@@ -101,53 +122,26 @@ def _dcasgd_a(i, g, w, w_bak, ms, keep_ms, lam0, ms_mom, ms_rate, eps):
     return gi + lam0 * x / _sqrt(m + eps), _bad(m)
 
 
-@njit(**_SERIAL)
+@_serial_and_parallel("aaaaassbbss")
 def sgd(g, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
-    for i in range(g.size):
-        bad += _apply(g[i], i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit)
-    return bad
-
-
-@njit(**_PARALLEL)
-def sgd_parallel(g, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit):
-    bad = 0
     for i in prange(g.size):
         bad += _apply(g[i], i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit)
     return bad
 
 
-@njit(**_SERIAL)
+@_serial_and_parallel("aaaaaasssbbss")
 def dcasgd_c(g, w, w_bak, mom_buf, keep_buf, old, lam, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
-    for i in range(g.size):
-        bad += _apply(_dcasgd_c(i, g, w, w_bak, lam), i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s,
-                      limit)
-    return bad
-
-
-@njit(**_PARALLEL)
-def dcasgd_c_parallel(g, w, w_bak, mom_buf, keep_buf, old, lam, wd, mom, use_wd, use_mom, s, limit):
-    bad = 0
     for i in prange(g.size):
         bad += _apply(_dcasgd_c(i, g, w, w_bak, lam), i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s,
                       limit)
     return bad
 
 
-@njit(**_SERIAL)
+@_serial_and_parallel("aaaaaaaassssssbbss")
 def dcasgd_a(g, w, w_bak, ms, keep_ms, mom_buf, keep_buf, old, lam0, ms_mom, ms_rate, eps, wd, mom, use_wd, use_mom,
              s, limit):
-    bad = 0
-    for i in range(g.size):
-        d, ms_bad = _dcasgd_a(i, g, w, w_bak, ms, keep_ms, lam0, ms_mom, ms_rate, eps)
-        bad += _apply(d, i, w, mom_buf, keep_buf, old, wd, mom, use_wd, use_mom, s, limit) + ms_bad
-    return bad
-
-
-@njit(**_PARALLEL)
-def dcasgd_a_parallel(g, w, w_bak, ms, keep_ms, mom_buf, keep_buf, old, lam0, ms_mom, ms_rate, eps, wd, mom, use_wd,
-                      use_mom, s, limit):
     bad = 0
     for i in prange(g.size):
         d, ms_bad = _dcasgd_a(i, g, w, w_bak, ms, keep_ms, lam0, ms_mom, ms_rate, eps)
@@ -232,17 +226,8 @@ def _dana(i, g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, 
     return (0 if abs(vi) <= limit else 1) + _bad(si)
 
 
-@njit(**_SERIAL)
+@_serial_and_parallel("aaaaasssbbss")
 def sasgd(g, w, mom_buf, keep_buf, old, scale, wd, mom, use_wd, use_mom, s, limit):
-    bad = 0
-    for i in range(g.size):
-        bad += _apply(_sasgd(i, g, w, wd, use_wd, scale), i, w, mom_buf, keep_buf, old, wd, mom, False, use_mom, s,
-                      limit)
-    return bad
-
-
-@njit(**_PARALLEL)
-def sasgd_parallel(g, w, mom_buf, keep_buf, old, scale, wd, mom, use_wd, use_mom, s, limit):
     bad = 0
     for i in prange(g.size):
         bad += _apply(_sasgd(i, g, w, wd, use_wd, scale), i, w, mom_buf, keep_buf, old, wd, mom, False, use_mom, s,
@@ -250,41 +235,20 @@ def sasgd_parallel(g, w, mom_buf, keep_buf, old, scale, wd, mom, use_wd, use_mom
     return bad
 
 
-@njit(**_SERIAL)
+@_serial_and_parallel("aaaaaaaassssbssssbbss")
 def gap_aware(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias, eps, lr_max, one, use_gap, beta, rate, wd, mom,
               use_wd, use_mom, s, limit):
     bad = 0
-    for i in range(g.size):
-        d = _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap)
-        bad += _apply_tracked(d, i, w, mom_buf, keep_buf, v, keep_v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
-    return bad
-
-
-@njit(**_PARALLEL)
-def gap_aware_parallel(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias, eps, lr_max, one, use_gap, beta, rate,
-                       wd, mom, use_wd, use_mom, s, limit):
-    bad = 0
     for i in prange(g.size):
         d = _gap_aware(i, g, w, w_bak, v, bias, eps, lr_max, one, use_gap)
         bad += _apply_tracked(d, i, w, mom_buf, keep_buf, v, keep_v, old, wd, mom, use_wd, use_mom, beta, rate, s, limit)
     return bad
 
 
-@njit(**_SERIAL)
+@_serial_and_parallel("aaaaaaaassssssssbbss")
 def gap_aware_grad(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias, eps, lr_max, one, beta, rate, wd, mom, use_wd,
                    use_mom, s, limit):
     bad = 0
-    for i in range(g.size):
-        d, v_bad = _gap_aware_grad(i, g, w, w_bak, v, keep_v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd,
-                                   use_mom)
-        bad += _apply(d, i, w, mom_buf, keep_buf, old, wd, mom, False, use_mom, s, limit) + v_bad
-    return bad
-
-
-@njit(**_PARALLEL)
-def gap_aware_grad_parallel(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias, eps, lr_max, one, beta, rate, wd, mom,
-                            use_wd, use_mom, s, limit):
-    bad = 0
     for i in prange(g.size):
         d, v_bad = _gap_aware_grad(i, g, w, w_bak, v, keep_v, mom_buf, bias, eps, lr_max, one, beta, rate, wd, use_wd,
                                    use_mom)
@@ -292,16 +256,8 @@ def gap_aware_grad_parallel(g, w, w_bak, v, keep_v, mom_buf, keep_buf, old, bias
     return bad
 
 
-@njit(**_SERIAL)
+@_serial_and_parallel("aaaaaaaasbssbss")
 def dana(g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
-    bad = 0
-    for i in range(g.size):
-        bad += _dana(i, g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit)
-    return bad
-
-
-@njit(**_PARALLEL)
-def dana_parallel(g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit):
     bad = 0
     for i in prange(g.size):
         bad += _dana(i, g, w, w_bak, v, keep_v, vsum, keep_vsum, old, lam, use_dc, mom_m1, wd, use_wd, s, limit)
@@ -335,17 +291,8 @@ def _local_sgd(i, g, w, total, keep_total, b, keep_b, old, n, momentum_update, b
     return (0 if abs(step) <= limit else 1) + state_bad
 
 
-@njit(**_SERIAL)
+@_serial_and_parallel("aaaaaaasbssbss")
 def local_sgd(g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
-    bad = 0
-    for i in range(g.size):
-        bad += _local_sgd(i, g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s,
-                          limit)
-    return bad
-
-
-@njit(**_PARALLEL)
-def local_sgd_parallel(g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s, limit):
     bad = 0
     for i in prange(g.size):
         bad += _local_sgd(i, g, w, total, keep_total, b, keep_b, old, n, momentum_update, beta, alpha, use_alpha, s,
@@ -356,33 +303,14 @@ def local_sgd_parallel(g, w, total, keep_total, b, keep_b, old, n, momentum_upda
 # max over i of (bits[i] & 0x7fffffff), bits the int32 view of a float32 vector: the largest
 # magnitude's bit pattern, above 0x7f800000 for a NaN (an integer reduction: it vectorises
 # without reordering float arithmetic).
-@njit(**_SERIAL)
+@_serial_and_parallel("i")
 def max_abs_bits(bits):
-    top = 0
-    for i in range(bits.size):
-        top = max(top, bits[i] & 0x7FFFFFFF)
-    return top
-
-
-@njit(**_PARALLEL)
-def max_abs_bits_parallel(bits):
     top = 0
     for i in prange(bits.size):
         top = max(top, bits[i] & 0x7FFFFFFF)
     return top
 
 
-# Every kernel pair, with the kinds of the arguments that compile it (or load it from numba's cache): "a" a
-# float32 vector, "s" a float32 scalar, "b" a flag, "i" an int32 vector (the bits of a float32 one).
-KERNELS = {"sgd": (sgd, sgd_parallel, "aaaaassbbss"),
-           "dcasgd_c": (dcasgd_c, dcasgd_c_parallel, "aaaaaasssbbss"),
-           "dcasgd_a": (dcasgd_a, dcasgd_a_parallel, "aaaaaaaassssssbbss"),
-           "sasgd": (sasgd, sasgd_parallel, "aaaaasssbbss"),
-           "gap_aware": (gap_aware, gap_aware_parallel, "aaaaaaaassssbssssbbss"),
-           "gap_aware_grad": (gap_aware_grad, gap_aware_grad_parallel, "aaaaaaaassssssssbbss"),
-           "dana": (dana, dana_parallel, "aaaaaaaasbssbss"),
-           "local_sgd": (local_sgd, local_sgd_parallel, "aaaaaaasbssbss"),
-           "max_abs_bits": (max_abs_bits, max_abs_bits_parallel, "i")}
 _SAMPLE = {"a": lambda: np.ones(8, np.float32), "s": lambda: np.float32(0.5), "b": lambda: True,
            "i": lambda: np.ones(8, np.int32)}
 
