@@ -210,6 +210,8 @@ def deadline(seconds: float):
 
 def state_tensors(state) -> list:
     """Every tensor of a rule's (nested) state, in a fixed order."""
+    if hasattr(state, "to_dict"):   # a rule's declared server state (algorithms/state.py)
+        return state_tensors(state.to_dict())
     if isinstance(state, torch.Tensor):
         return [state]
     if isinstance(state, dict):

@@ -105,8 +105,8 @@ def test_dcasgd_snapshot_is_taken_at_pull_time_not_after_push():
     server.push(0, t(1.0), lr=1.0)      # worker 0's snapshot is still 0
     # w = -1 - (1 + 1*1*1*(-1 - 0)) = -1 - 0 = -1
     assert torch.allclose(server.w, t(-1.0))
-    assert torch.equal(server.state["w_bak"][1], t(-1.0))
-    assert torch.equal(server.state["w_bak"][0], t(0.0))
+    assert torch.equal(server.state.w_bak[1], t(-1.0))
+    assert torch.equal(server.state.w_bak[0], t(0.0))
 
 
 @pytest.mark.parametrize("name", ["dcasgd-c", "dcasgd-a"])
@@ -155,7 +155,7 @@ def test_dcasgd_a_keeps_one_mean_square_per_worker():
     server.pull(0)
     server.push(0, t(2.0, 0.0), lr=0.01)
     server.push(1, t(1.0, 1.0), lr=0.01)
-    ms = server.state["mean_square"]
+    ms = server.state.mean_square
     assert torch.allclose(ms[0], t(0.5 * (0.5 * 4) + 0.5 * 4, 0.5 * (0.5 * 16) + 0.0))
     assert torch.allclose(ms[1], t(0.5, 0.5))
     assert torch.equal(ms[2], t(0.0, 0.0))       # never pushed: untouched
@@ -388,7 +388,7 @@ def test_gap_aware_by_hand(kernels):
     # C = 0.1*sqrt(v_hat); G = 1 + gap/C
     g_ = [1 + 0.2 / (0.1 * math.sqrt(12.0)), 1 + 0.1 / (0.1 * math.sqrt(11.0))]
     assert torch.allclose(server.w, t(-0.2 - 0.1 * 4.0 / g_[0], -0.1 - 0.1 * 4.0 / g_[1]), atol=1e-6)
-    assert server.state["updates"] == 2 and server.state["lr_max"] == lr
+    assert server.state.updates == 2 and server.state.lr_max == lr
     # the applied-step reading: v from the step after it, k updates in the bias correction
     server = ParameterServer(make_algorithm("gap-aware", ga_beta=beta, ga_eps=eps, ga_reading="applied-step"),
                              t(0.0, 0.0), 2, kernels=kernels)
@@ -398,7 +398,7 @@ def test_gap_aware_by_hand(kernels):
     server.push(1, t(4.0, 4.0), lr)
     # v = (1-beta)*[4, 1], bias-corrected [4, 1]: C = 0.1*[2, 1] (+eps); G = 1 + gap/C = [2, 2]
     assert torch.allclose(server.w, t(-0.2 - 0.1 * 4.0 / 2, -0.1 - 0.1 * 4.0 / 2), atol=1e-6)
-    assert server.state["updates"] == 2 and server.state["lr_max"] == lr
+    assert server.state.updates == 2 and server.state.lr_max == lr
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
@@ -427,12 +427,12 @@ def test_dana_pull_sends_the_look_ahead_and_the_push_moves_only_the_senders_mome
     server = ParameterServer(make_algorithm("dana-zero", momentum=gamma), t(1.0), 2)
     assert torch.equal(server.pull(0), t(1.0)) and torch.equal(server.pull(1), t(1.0))   # no momentum yet
     server.push(0, t(2.0), lr)               # v0 = 2, w = 1 - 0.5*2 = 0
-    assert torch.allclose(server.w, t(0.0)) and torch.allclose(server.state["momenta"][1], t(0.0))
+    assert torch.allclose(server.w, t(0.0)) and torch.allclose(server.state.momenta[1], t(0.0))
     assert torch.allclose(server.pull(0), t(0.0 - lr * gamma * 2.0))   # w - lr*gamma*(v0 + v1)
     server.push(1, t(1.0), lr)               # v1 = 1, w = 0 - 0.5 = -0.5
     assert torch.allclose(server.w, t(-0.5))
     assert torch.allclose(server.pull(1), t(-0.5 - lr * gamma * 3.0))
-    assert torch.allclose(server.state["momentum_sum"], t(3.0))
+    assert torch.allclose(server.state.momentum_sum, t(3.0))
 
 
 def test_dana_dc_compensates_from_the_look_ahead_the_worker_computed_at():
@@ -442,7 +442,7 @@ def test_dana_dc_compensates_from_the_look_ahead_the_worker_computed_at():
     server.push(0, t(2.0), lr)               # w = 0; worker 1's look-ahead was 1
     server.push(1, t(1.0), lr)               # g_dc = 1 + 1*1*1*(0 - 1) = 0: w unchanged
     assert torch.allclose(server.w, t(0.0))
-    assert torch.allclose(server.state["w_bak"][0], t(1.0))   # worker 0 has not pulled again
+    assert torch.allclose(server.state.w_bak[0], t(1.0))   # worker 0 has not pulled again
 
 
 def test_agn_with_outer_sgd_at_rate_one_is_the_commit_added_as_it_is():

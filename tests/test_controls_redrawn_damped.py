@@ -105,7 +105,7 @@ def corrections(name, steps, n=4096, lr=0.1, lam0=2.0, mom=0.95, eps=1e-7):
     for k in range(steps):
         server.push(1, gradient(1000 + k, n), lr)
         server.pull(1)
-        before, bak, g = server.w.double(), server.state["w_bak"][0].double(), gradient(k, n).double()
+        before, bak, g = server.w.double(), server.state.w_bak[0].double(), gradient(k, n).double()
         server.push(0, gradient(k, n), lr)
         server.pull(0)
         ms = mom * ms + (1 - mom) * g * g
@@ -157,8 +157,10 @@ def play(name, chunked, monkeypatch, n=1000, M=3, pushes=12, kernels="torch"):
 
 def same_bits(a, b):
     assert torch.equal(a.w, b.w) and a.version == b.version
-    for key in a.state:
-        x, y = a.state[key], b.state[key]
+    x_state, y_state = a.state.to_dict(), b.state.to_dict()
+    assert x_state.keys() == y_state.keys()
+    for key in x_state:
+        x, y = x_state[key], y_state[key]
         assert all(torch.equal(u, v) for u, v in zip(x, y)) if isinstance(x, list) else torch.equal(x, y)
 
 
@@ -213,7 +215,7 @@ def test_a_server_loaded_from_its_state_dict_goes_on_with_the_same_bits(name, mo
             s.pull(i % 3)
     same_bits(server, copy_)
     if name == REDRAWN:   # the push count travels in the state: 12 pushes, key = i + 12*2**32
-        assert torch.equal(server.state["sign_key"], torch.arange(1000) + (12 << 32))
+        assert torch.equal(server.state.sign_key, torch.arange(1000) + (12 << 32))
 
 
 def sharded_play(name, shards, n=50, M=3, pushes=15):

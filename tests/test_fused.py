@@ -74,7 +74,7 @@ def play(name, params, kernels, n, *, M=3, pushes=12, seed=0, lr=0.1):
 
 def state_tensors(server):
     out = []
-    for key, value in sorted(server.state.items()):
+    for key, value in sorted(server.state.to_dict().items()):
         out += [(key, v) for v in (value if isinstance(value, list) else [value])]
     return out
 
@@ -145,7 +145,7 @@ def test_fused_against_the_chunked_torch_path(name, params, monkeypatch):
 def test_dcasgd_a_within_float32_rounding_of_the_torch_path(name, params, kernel_kind):
     torch_path, numba_path = play(name, params, "torch", 1000), play(name, params, "numba", 1000)
     for m in range(3):   # the MeanSquare does not take a square root: same bits
-        assert torch.equal(numba_path.state["mean_square"][m], torch_path.state["mean_square"][m])
+        assert torch.equal(numba_path.state.mean_square[m], torch_path.state.mean_square[m])
     # a 1-ulp square root moves the correction term by an ulp, the weights (of order 1) by
     # about that many float32 roundings after 12 updates; where torch's square root is exactly rounded
     # too (an Intel Xeon's AVX2 path, unlike the EPYC VMs' MKL one) the two paths agree bit for bit
@@ -235,10 +235,10 @@ def test_gap_aware_differs_from_the_torch_path_only_by_its_square_root(name, par
     ieee, mkl = gap_aware_replay(params, n, np.sqrt), gap_aware_replay(params, n, _torch_sqrt)
     for server, (w, v, buf) in ((numba_path, ieee), (torch_path, mkl)):
         assert np.array_equal(server.w.numpy(), w)
-        assert np.array_equal(server.state["step_square"].numpy(), v)
+        assert np.array_equal(server.state.step_square.numpy(), v)
         if params.get("momentum"):
-            assert np.array_equal(server.state["momentum_buffer"].numpy(), buf)
-        assert server.state["updates"] == 12 and server.state["lr_max"] == 0.1
+            assert np.array_equal(server.state.momentum_buffer.numpy(), buf)
+        assert server.state.updates == 12 and server.state.lr_max == 0.1
     torch.testing.assert_close(numba_path.w, torch_path.w, rtol=1e-5, atol=1e-5)
     # one update (no square root yet: G = 1) gives the torch path's bits
     one = [play(name, params, k, n, pushes=1) for k in ("torch", "numba")]
@@ -516,15 +516,15 @@ def test_async_local_sgd_follows_delayed_nesterov_for_a_few_hand_sized_updates(k
             D = np.zeros(4)
         else:
             w = w - eps * (c * beta * m + p / N)
-        before = server.state["outer_buffer"].clone()
+        before = server.state.outer_buffer.clone()
         assert server.push(t % 2, commit, 0.1)
         np.testing.assert_allclose(server.w.double().numpy(), w, rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(-server.state["outer_buffer"].double().numpy(), m, rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(-server.state["dn_sum"].double().numpy(), D, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(-server.state.outer_buffer.double().numpy(), m, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(-server.state.dn_sum.double().numpy(), D, rtol=1e-6, atol=1e-6)
         # the momentum moves on every N-th update only, and D is emptied then
-        assert torch.equal(server.state["outer_buffer"], before) == ((t + 1) % N != 0)
-        assert bool(server.state["dn_sum"].any()) == ((t + 1) % N != 0)
-        assert server.state["dn_updates"] == t + 1
+        assert torch.equal(server.state.outer_buffer, before) == ((t + 1) % N != 0)
+        assert bool(server.state.dn_sum.any()) == ((t + 1) % N != 0)
+        assert server.state.dn_updates == t + 1
     assert m.any() and not np.allclose(w, w0.double().numpy())
 
 

@@ -63,7 +63,7 @@ def snapshot(server: ParameterServer) -> dict:
         return x
     return {"w": server.w.clone(), "version": server.version, "pulled": list(server.pulled_version),
             "workers": server.staleness.workers.tolist(), "taus": server.staleness.taus.tolist(),
-            "skipped": server.nonfinite_skipped, "state": copy(server.state), "round": copy(server.round),
+            "skipped": server.nonfinite_skipped, "state": copy(server.state.to_dict()), "round": copy(server.round),
             "live": set(server.live)}
 
 

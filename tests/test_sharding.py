@@ -99,7 +99,7 @@ def test_shards_equal_one_server(name, shards):
     per_update = algo.batch(M) if name == "rennala" else 1   # (rennala: B messages an update)
     assert one.nonfinite_skipped > 0 and one.version > (20 if algo.synchronous else 60 // per_update)
     merged = merge_states([s.state_dict() for s in servers], algo.per_element_state)["state"]
-    for key, value in one.state.items():   # the rule's state too: skipped updates put back on every shard
+    for key, value in one.state.to_dict().items():   # the rule's state too: skipped updates put back on every shard
         ours, theirs = (v if isinstance(v, list) else [v] for v in (value, merged[key]))
         assert len(ours) == len(theirs), key
         for a, b in zip(ours, theirs):

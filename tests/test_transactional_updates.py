@@ -318,7 +318,7 @@ def reset_by_drop_held(algo, state) -> set:
     """The ids of the state tensors that ``drop_held`` writes (found on a copy filled with ones)."""
     if not algo.drops_held:
         return set()
-    copy = clone(state)
+    copy = algo.State.from_dict(clone(state.to_dict()))
     for t in tensors(copy):
         t.fill_(1)
     algo.drop_held(copy)

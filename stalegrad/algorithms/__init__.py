@@ -1,4 +1,8 @@
-"""Every algorithm of both papers, their baselines and the rules that came after, by name."""
+"""Every algorithm of both papers, their baselines and the rules that came after, by name.
+
+The math layer: it may import only the top-level ``errors`` and ``_lazy``; never ``models``, ``data``, ``core``,
+``runtimes``, ``run``, ``study`` or ``cli`` (``tests/test_architecture.py``).
+"""
 from __future__ import annotations
 
 import warnings
@@ -20,8 +24,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (SGD, SSGD, ASGD, DCASGDConstant, DCASGDAdaptive, AGN, Downpour, DynSGD, EASGD, AEASGD,
                 StalenessAwareASGD, GapAware, DANAZero, DANADC, DiLoCo, AsyncLocalSGD, DCASGDAdaptiveScrambled,
-                DCASGDAdaptiveRedrawn,   # issue 42: the Taylor term's sign redrawn at every push
-                DCASGDAdaptiveDamped,    # issue 42: a scalar pull of its mean size (damping only)
+                DCASGDAdaptiveRedrawn,   # control: the Taylor term's sign redrawn at every push
+                DCASGDAdaptiveDamped,    # control: a scalar pull of its mean size (damping only)
                 RingmasterASGD, RennalaSGD, MSynchronousSGD)
 }
 
@@ -32,7 +36,7 @@ RENAMED = {(CommitAlgorithm, "weight_decay"): "local_weight_decay"}
 
 # Parameters added since a run may have been saved, with the value that reproduces the rule such a run ran:
 # (algorithm, parameter) -> value. A resume fills an absent one with this, not with today's default.
-ADDED = {("sasgd", "staleness_offset"): 1,            # lr/(tau+1) until issue 32 followed the paper's lr/tau
+ADDED = {("sasgd", "staleness_offset"): 1,            # older runs: lr/(tau+1), not the paper's lr/tau
          ("gap-aware", "ga_reading"): "applied-step"}  # C from the applied step until the authors' reading
 
 

@@ -18,16 +18,23 @@ the pseudo-gradient -c, with b the negative of its momentum buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .._lazy import torch
 from ..errors import ConfigError
 from . import local_opt
 from .base import Algorithm, check_fraction, check_nonnegative, check_positive, elementwise, param
+from .state import RuleState, per_element
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
 class CommitAlgorithm(Algorithm):
+    """The commit rules' common part: a worker takes ``window`` steps of a local optimizer and sends one
+    commit, the change it made since its pull (the elastic rules: the elastic difference to the centre); the
+    server adds it, or steps on it with an outer optimizer (``AccumulatedCommit``)."""
     window: int = param(10, "local steps between two commits (the communication window lambda)", "--window")
     local_opt: str = param("adam", "the worker's local optimizer", "--local-opt", local_opt.LOCAL_OPTIMIZERS)
     local_momentum: float = param(0.0, "momentum of the local 'sgd' optimizer", "--local-momentum")
@@ -100,8 +107,11 @@ class AccumulatedCommit(CommitAlgorithm):
     outer_lr: float = param(1.0, "learning rate of the outer optimizer", "--outer-lr")
     outer_momentum: float = param(0.9, "momentum mu of the nesterov outer optimizers", "--outer-momentum")
 
-    per_element_state = ("outer_buffer",)
     server_writes = ("outer_buffer",)
+
+    @dataclass
+    class State(RuleState):
+        outer_buffer: Tensor | None = per_element()   # the outer Nesterov's buffer (None: outer sgd)
 
     def validate(self):
         super().validate()   # outer_opt among the field's choices: delayed-nesterov counts updates in a
@@ -109,14 +119,14 @@ class AccumulatedCommit(CommitAlgorithm):
         check_fraction(self, "outer_momentum")
 
     def server_init(self, w, num_workers):
-        return {"outer_buffer": torch.zeros_like(w)} if self.outer_opt != "sgd" else {}
+        return self.State(outer_buffer=torch.zeros_like(w) if self.outer_opt != "sgd" else None)
 
-    def outer_step(self, state: dict, commit, scale: float, out) -> tuple:
+    def outer_step(self, state: State, commit, scale: float, out) -> tuple:
         """The update outer_opt makes of ``scale * commit``, as (t, s) for ``s * t``."""
         if self.outer_opt == "sgd":
             return commit, self.outer_lr * scale   # outer_lr 1, scale 1: w + commit, today's rule
         c = commit if scale == 1.0 else torch.mul(commit, scale, out=out)
-        b = state["outer_buffer"]
+        b = state.outer_buffer
         b.mul_(self.outer_momentum).add_(c)
         return torch.add(c, b, alpha=self.outer_momentum, out=out), self.outer_lr
 

@@ -14,7 +14,7 @@ Worker side
     pulls the centre only to compute the elastic difference).
 
 Server side
-    ``server_init(w, num_workers)``            -> server state (a dict)
+    ``server_init(w, num_workers)``            -> server state (the rule's ``State``: ``algorithms/state.py``)
     ``on_pull(state, worker, w)``              -> record what the worker pulled; None, or the
         weights to send instead of ``w`` (DANA: a look-ahead position the server computes)
     ``server_delta(state, w, worker, msg, tau, lr, out)``
@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 from .._lazy import torch
 from ..errors import ConfigError, check_finite_positive
 from . import fused
+from .state import RuleState, check_declaration, per_element
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -80,6 +81,11 @@ def elementwise(rule):
     return rule
 
 
+def rule_docstring(cls) -> str:
+    """The docstring of a rule class that has none of its own: its summary (what it is, its source) and update."""
+    return f"{cls.summary}.\n\nUpdate rule: ``{cls.rule}``"
+
+
 def param(default, help: str, flag: str | None = None, choices: tuple | None = None):
     """A documented hyper-parameter: default, help text, CLI flag, choices."""
     return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
@@ -87,6 +93,12 @@ def param(default, help: str, flag: str | None = None, choices: tuple | None = N
 
 @dataclass(frozen=True)
 class Algorithm:
+    """An update rule: a frozen dataclass of hyper-parameters with pure methods, a worker side and a server
+    side (the module says what each does). A rule names itself (``name``: ``--algo``, ``ALGORITHMS``' key),
+    says what it is and where it comes from (``summary``) and how it updates (``rule``); its fields, each
+    declared with ``param``, are its hyper-parameters, which become CLI flags, TOML keys and help
+    (``hyperparameters()``, ``stalegrad algorithms``). A rule without a docstring of its own gets one made
+    of its summary and update rule."""
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     rule: ClassVar[str] = ""          # the update rule, in one or two lines of text
@@ -100,14 +112,15 @@ class Algorithm:
     # unstack_states), pulled (K, n) and a grad_fn of (K, n) weights returning K losses and (K, n)
     # gradients; it returns K mean losses and (K, n) computed (or None). The simulator batches waiting workers.
     batched_compute: ClassVar[bool] = False
-    # Keys of the server state that hold per-element tensors shaped like w (or lists of them, one
-    # per worker); an @elementwise rule gets these sliced to a chunk and every other key as it is.
-    per_element_state: ClassVar[tuple[str, ...]] = ()
-    # Keys of the server state whose tensors server_delta, round_delta and fused_apply write in place
-    # (a per-worker list: the pushing worker's tensor; in a round, every one). The server keeps their old
-    # values, and the state's scalars, so that an update that is not finite leaves the state as it was
-    # (``writes``: the keys of one push; a rule that ``drops_held`` may leave out what ``drop_held`` resets).
-    # None: not declared, every tensor of the state is kept.
+    # The server state's declaration (``algorithms/state.py``), which server_init returns: its per-element and
+    # per-worker fields (``per_element_state``) are what an @elementwise rule gets sliced to a chunk, and what a
+    # server split into shards splits; a subclass that keeps more declares a subclass of its parent's State.
+    State: ClassVar[type[RuleState]] = RuleState
+    # Fields of State whose tensors server_delta, round_delta and fused_apply write in place (a per-worker
+    # list: the pushing worker's tensor; in a round, every one), checked against State where the class is
+    # written. The server keeps their old values, and the state's scalars, so that an update that is not
+    # finite leaves the state as it was (``writes``: the fields of one push; a rule that ``drops_held`` may
+    # leave out what ``drop_held`` resets). None: not declared, every tensor of the state is kept.
     server_writes: ClassVar[tuple[str, ...] | None] = None
     # Whether an update that is not finite also drops the messages the rule holds for its step (``drop_held``,
     # once the state is put back): Rennala's step sums its batch, which would overflow again with the next message.
@@ -117,6 +130,15 @@ class Algorithm:
     probed: ClassVar[bool] = True
 
     # ---- introspection (CLI, docs, config) ---------------------------------
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # help(rule) says what the rule is, its source and its update, from the attributes the CLI and the API
+        # reference read too. This runs before @dataclass, which would write the bare signature into an empty
+        # __doc__; a class that only shares code (no name of its own) keeps none.
+        if cls.__dict__.get("__doc__") is None and "name" in cls.__dict__ and cls.summary:
+            cls.__doc__ = rule_docstring(cls)
+        check_declaration(cls)   # server_writes among State's fields: a misspelt name fails here, not at run time
+
     @classmethod
     def hyperparameters(cls) -> list[dataclasses.Field]:
         return [f for f in dataclasses.fields(cls)]
@@ -146,6 +168,11 @@ class Algorithm:
     def steps_per_message(self) -> int:
         return 1
 
+    @property
+    def per_element_state(self) -> tuple[str, ...]:
+        """The fields of ``State`` shaped like w (tensors, or per-worker lists of them)."""
+        return self.State.per_element_fields()
+
     # ---- worker side --------------------------------------------------------
     def worker_init(self, w0: Tensor, num_workers: int) -> dict:
         return {}
@@ -158,22 +185,22 @@ class Algorithm:
         return computed
 
     # ---- server side --------------------------------------------------------
-    def server_init(self, w: Tensor, num_workers: int) -> dict:
-        return {}
+    def server_init(self, w: Tensor, num_workers: int) -> RuleState:
+        return self.State()
 
-    def on_pull(self, state: dict, worker: int, w: Tensor) -> "Tensor | None":
+    def on_pull(self, state: RuleState, worker: int, w: Tensor) -> "Tensor | None":
         """Record what ``worker`` pulls. Return None to send it the server's weights ``w``, or a
         tensor shaped like ``w`` to send instead (the server copies it out before the next call, so it
         may be a state tensor). Element i of it may depend only on element i of ``w`` and of the
         per-element state, so that a server split into shards sends the same weights."""
         return None
 
-    def server_delta(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
+    def server_delta(self, state: RuleState, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
                      out: Tensor) -> "tuple[Tensor, float] | None":
         """Fill ``out`` with the update (return None), or return (t, s): the update is s*t."""
         raise NotImplementedError(f"{self.name} is synchronous: use round_delta")
 
-    def round_delta(self, state: dict, w: Tensor, msgs: dict[int, Tensor], lr: float,
+    def round_delta(self, state: RuleState, w: Tensor, msgs: dict[int, Tensor], lr: float,
                     out: Tensor) -> "tuple[Tensor, float] | None":
         """As server_delta, for a synchronous round's messages (one per live worker)."""
         raise NotImplementedError(f"{self.name} is asynchronous: use server_delta")
@@ -195,19 +222,19 @@ class Algorithm:
         Algorithm 5; Rennala SGD's "stop all the workers' calculations")."""
         return None
 
-    def writes(self, state: dict, worker: int | None) -> tuple[str, ...] | None:
-        """The keys of the state that the next update writes in place: ``worker``'s push, or a round (None).
+    def writes(self, state: RuleState, worker: int | None) -> tuple[str, ...] | None:
+        """The fields of the state that the next update writes in place: ``worker``'s push, or a round (None).
         Default ``server_writes``; a rule that writes a tensor only on some updates may say so here."""
         return self.server_writes
 
-    def drop_held(self, state: dict) -> None:
+    def drop_held(self, state: RuleState) -> None:
         """Forget the messages held for the next step (a rule whose ``drops_held`` is True)."""
 
-    def fused_apply(self, state: dict, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
+    def fused_apply(self, state: RuleState, w: Tensor, worker: int, msg: Tensor, tau: int, lr: float,
                     old: Tensor, keep: dict | None = None) -> bool | None:
         """server_delta's update added to ``w`` in place in one pass (``algorithms.fused``), the
-        old ``w`` kept in ``old`` and the old values of every state tensor it writes in ``keep[key]``
-        (one for each key of ``writes``); returns whether the update, and the state it wrote, is
+        old ``w`` kept in ``old`` and the old values of every state tensor it writes in ``keep[field]``
+        (one for each field of ``writes``); returns whether the update, and the state it wrote, is
         finite (the server then puts them back if not). None: no fused kernel for this rule, run
         ``server_delta``. Called only when the server runs the fused kernels (numba, float32 on the CPU)."""
         return None
@@ -243,9 +270,15 @@ def check_fraction(algo: Algorithm, name: str, low_open: bool = False, high_open
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GradientAlgorithm(Algorithm):
+    """The gradient rules' common part: a worker sends the gradient of one mini-batch at the weights it
+    pulled; the server turns the (corrected) gradient into a step with optional heavy-ball momentum and L2
+    weight decay, in the order of ``torch.optim.SGD`` (``sgd_step``)."""
     vectorisable = True
-    per_element_state = ("momentum_buffer",)
     server_writes = ("momentum_buffer",)
+
+    @dataclass
+    class State(RuleState):
+        momentum_buffer: Tensor | None = per_element()   # heavy-ball momentum (None without momentum)
 
     momentum: float = param(0.0, "server heavy-ball momentum, applied after the delay correction", "--momentum")
     weight_decay: float = param(0.0, "L2 weight decay added to the (corrected) gradient on the server", "--weight-decay")
@@ -262,15 +295,15 @@ class GradientAlgorithm(Algorithm):
         return loss, g
 
     def server_init(self, w, num_workers):
-        return {"momentum_buffer": torch.zeros_like(w)} if self.momentum else {}
+        return self.State(momentum_buffer=torch.zeros_like(w) if self.momentum else None)
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         if not (self.momentum or self.weight_decay):
             return None   # the torch path is already one pass: w.add_(g, alpha=-lr)
-        return fused.sgd_apply(msg, w, state.get("momentum_buffer"), old, weight_decay=self.weight_decay,
+        return fused.sgd_apply(msg, w, state.momentum_buffer, old, weight_decay=self.weight_decay,
                                momentum=self.momentum, s=-lr, keep=keep)
 
-    def sgd_step(self, state: dict, w: Tensor, direction: Tensor, lr: float, out: Tensor) -> tuple[Tensor, float]:
+    def sgd_step(self, state: State, w: Tensor, direction: Tensor, lr: float, out: Tensor) -> tuple[Tensor, float]:
         """The step -lr * (momentum buffer of (direction + weight_decay * w)), as (t, -lr).
 
         The order of torch.optim.SGD; ``out`` receives direction + weight_decay*w
@@ -281,10 +314,10 @@ class GradientAlgorithm(Algorithm):
             direction = torch.add(direction, w, alpha=self.weight_decay, out=out)
         return self.heavy_ball(state, direction, lr)
 
-    def heavy_ball(self, state: dict, direction: Tensor, lr: float) -> tuple[Tensor, float]:
+    def heavy_ball(self, state: State, direction: Tensor, lr: float) -> tuple[Tensor, float]:
         """The step -lr * (b <- momentum*b + direction), as (b, -lr); (direction, -lr) without momentum."""
         if self.momentum:
-            buf = state["momentum_buffer"]
+            buf = state.momentum_buffer
             buf.mul_(self.momentum).add_(direction)
             direction = buf
         return direction, -lr

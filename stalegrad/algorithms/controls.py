@@ -4,7 +4,7 @@ DC-ASGD-a adds to the gradient the term ``lam0/sqrt(ms[m]+eps) * g*g*(w - w_bak[
 things at once: it shapes the correction coordinate by coordinate with g*g (the diagonal of the Taylor
 expansion, the compensation the paper claims), and, since its factor is positive, it pulls every weight
 back towards the point worker m pulled (w_bak[m]): it damps. Each control below keeps some of this and
-removes the rest, so that a gain of DC-ASGD-a over ASGD can be traced to its mechanism (issues 31, 42).
+removes the rest, so that a gain of DC-ASGD-a over ASGD can be traced to its mechanism.
 
 ``dcasgd-a-scrambled`` is DC-ASGD-a with the signs of w - w_bak[m] scrambled per coordinate:
 
@@ -13,10 +13,10 @@ removes the rest, so that a gain of DC-ASGD-a over ASGD can be traced to its mec
 At every coordinate and every push the added term has exactly DC-ASGD-a's magnitude, but its sign
 agrees with the delay's first-order effect on only a random half of the coordinates, so on average it
 compensates nothing. A gain of DC-ASGD-a over ASGD that this control also shows is not delay
-compensation (issue 31). A fixed sign mask rather than a permutation of the coordinates keeps the rule
+compensation. A fixed sign mask rather than a permutation of the coordinates keeps the rule
 element-wise: chunked, sharded and the same size at every coordinate, not only in distribution. The mask
 comes from a fixed seed, the same in every run, so that the control differs from DC-ASGD-a only in the
-sign. It is not a placebo (issue 42): with s = -1 the term pushes a weight further along its drift at
+sign. It is not a placebo: with s = -1 the term pushes a weight further along its drift at
 every push, so half of the weights are anti-damped, always the same half, and the control can diverge
 where ASGD trains. A loss of the control is then no evidence for compensation; the two below tell.
 
@@ -48,15 +48,20 @@ weight decay, which act on g_c afterwards) and run on the torch operators: no fu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._lazy import torch
 
 from .dcasgd import DCASGDAdaptive
+from .state import per_element
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 SIGN_SEED = 31   # the control's one sign mask; any fixed value: no run's seed may steer the mask
-REDRAW_SEED = 42   # the redrawn control's hash key (issue 42); as SIGN_SEED, no run's seed may steer it
+REDRAW_SEED = 42   # the redrawn control's hash key; as SIGN_SEED, no run's seed may steer it
 
 
 def sign_mask(n: int, device, dtype):
@@ -68,20 +73,23 @@ def sign_mask(n: int, device, dtype):
 @dataclass(frozen=True)
 class DCASGDAdaptiveScrambled(DCASGDAdaptive):
     """DC-ASGD-a with one fixed random sign per coordinate on its Taylor term: the term's size, no compensation
-    on average (issue 31); it anti-damps half of the weights at every push (issue 42). See the module."""
+    on average; it anti-damps half of the weights at every push. See the module."""
     name = "dcasgd-a-scrambled"
     summary = "control: DC-ASGD-a with the Taylor term's signs scrambled per coordinate (compensates nothing)"
     rule = ("ms[m] <- mom*ms[m] + (1-mom)*g*g;  "
             "w <- w - lr*(g + lam0/sqrt(ms[m]+eps) * g*g*(s*(w - w_bak[m]))), s a fixed random sign per weight")
-    per_element_state = DCASGDAdaptive.per_element_state + ("sign",)
+
+    @dataclass
+    class State(DCASGDAdaptive.State):
+        sign: Tensor | None = per_element()   # the fixed sign of each weight (-1 or +1), read only
 
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
-        state["sign"] = sign_mask(w.numel(), w.device, w.dtype)
+        state.sign = sign_mask(w.numel(), w.device, w.dtype)
         return state
 
     def drift(self, state, w, worker, out):
-        return super().drift(state, w, worker, out).mul_(state["sign"])   # the sign scrambled per coordinate
+        return super().drift(state, w, worker, out).mul_(state.sign)   # the sign scrambled per coordinate
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         return None   # no fused kernel: the torch operators of DCASGDAdaptive.server_delta
@@ -123,7 +131,7 @@ def redrawn_signs(keys, dtype):
 @dataclass(frozen=True)
 class DCASGDAdaptiveRedrawn(DCASGDAdaptive):
     """DC-ASGD-a with the Taylor term's sign redrawn per coordinate at every push: the term's size at every
-    coordinate and push, no compensation and no systematic damping or anti-damping (issue 42). Tests whether
+    coordinate and push, no compensation and no systematic damping or anti-damping. Tests whether
     DC-ASGD-a's gain needs the term's sign at all. Element-wise: chunked and sharded alike."""
     name = "dcasgd-a-redrawn"
     summary = "control: DC-ASGD-a with the Taylor term's signs redrawn per coordinate at every push (neither " \
@@ -133,16 +141,19 @@ class DCASGDAdaptiveRedrawn(DCASGDAdaptive):
             "redrawn at every push")
     # sign_key: i + t*2**32 (int64), which carries the push count t in every element: the server runs the
     # rule on chunks, each with its slice of the state, so a scalar counter would count chunks, not pushes
-    per_element_state = DCASGDAdaptive.per_element_state + ("sign_key",)
     server_writes = DCASGDAdaptive.server_writes + ("sign_key",)
+
+    @dataclass
+    class State(DCASGDAdaptive.State):
+        sign_key: Tensor | None = per_element()   # each weight's sign key, i + t*2**32 (int64)
 
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
-        state["sign_key"] = sign_keys(w.numel(), w.device)
+        state.sign_key = sign_keys(w.numel(), w.device)
         return state
 
     def drift(self, state, w, worker, out):
-        keys = state["sign_key"]
+        keys = state.sign_key
         super().drift(state, w, worker, out).mul_(redrawn_signs(keys, out.dtype))   # this push's signs
         keys.add_(PUSH)   # in place: the next push's (t + 1)
         return out
@@ -162,7 +173,7 @@ def mean64(t) -> float:
 @dataclass(frozen=True)
 class DCASGDAdaptiveDamped(DCASGDAdaptive):
     """A pull towards w_bak[m] by one scalar per push, the mean of DC-ASGD-a's factor lam0/sqrt(ms+eps)*g*g:
-    DC-ASGD-a's damping on average without its g*g shape (issue 42). Tests Taylor compensation against plain
+    DC-ASGD-a's damping on average without its g*g shape. Tests Taylor compensation against plain
     damping. Not element-wise: whole vectors; on K server shards, one mean per shard (see the module)."""
     name = "dcasgd-a-damped"
     summary = "control: a scalar pull towards w_bak[m] of DC-ASGD-a's mean size (damping without the Taylor shape)"
@@ -172,7 +183,7 @@ class DCASGDAdaptiveDamped(DCASGDAdaptive):
     def server_delta(self, state, w, worker, msg, tau, lr, out):
         # not @elementwise: c is a mean over every weight (whole vectors, never chunks)
         g = msg
-        ms = state["mean_square"][worker]
+        ms = state.mean_square[worker]
         ms.mul_(self.ms_momentum).addcmul_(g, g, value=1 - self.ms_momentum)
         torch.mul(g, g, out=out).div_(ms.add(self.eps).sqrt_())   # DC-ASGD-a's factor, without lam0
         c = self.lam0 * mean64(out)

@@ -26,10 +26,15 @@ sources (the paper and the authors' DANA-DC code) and the choices made.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._lazy import torch
 from . import fused
 from .base import GradientAlgorithm, check_nonnegative, param
+from .state import RuleState, per_element, per_worker, scalar
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,15 @@ class DANAZero(GradientAlgorithm):
     summary = ("DANA-Zero (Hakimi et al. 2019): one momentum per worker on the server; a pull sends the "
                "look-ahead w - lr*gamma*sum(v)")
     rule = "v[m] <- gamma*v[m] + g;  w <- w - lr*v[m];  pull: w_hat[m] = w - lr*gamma*sum_i v[i]"
-    per_element_state = ("momenta", "momentum_sum", "w_bak")
     server_writes = ("momenta", "momentum_sum")   # (w_bak, DANA-DC's look-ahead: written by on_pull only)
     momentum: float = param(0.9, "momentum gamma of each worker's momentum vector, kept on the server", "--momentum")
+
+    @dataclass
+    class State(RuleState):   # (not GradientAlgorithm's: the momenta are per worker)
+        momenta: list | None = per_worker()          # v[m]: each worker's momentum
+        momentum_sum: Tensor | None = per_element()   # sum_i v[i]
+        lr: float = scalar(0.0)   # the rate of the last update, for the next pull's look-ahead (none before one)
+        w_bak: list | None = per_worker()   # DANA-DC: the look-ahead each worker computes at (None: DANA-Zero)
 
     def default_lr(self):
         # The effective step of momentum gamma is lr/(1 - gamma): 0.1*(1 - gamma) keeps the 0.1 of
@@ -49,13 +60,11 @@ class DANAZero(GradientAlgorithm):
         return 0.1 * (1 - self.momentum)
 
     def server_init(self, w, num_workers):
-        # lr: the rate of the last update, for the look-ahead of the next pull (none before one)
-        return {"momenta": [torch.zeros_like(w) for _ in range(num_workers)],
-                "momentum_sum": torch.zeros_like(w), "lr": 0.0}
+        return self.State(momenta=[torch.zeros_like(w) for _ in range(num_workers)], momentum_sum=torch.zeros_like(w))
 
     def on_pull(self, state, worker, w):
         look_ahead = self.look_ahead_buffer(state, worker, w)
-        return torch.add(w, state["momentum_sum"], alpha=-state["lr"] * self.momentum, out=look_ahead)
+        return torch.add(w, state.momentum_sum, alpha=-state.lr * self.momentum, out=look_ahead)
 
     def look_ahead_buffer(self, state, worker, w):
         """Where the look-ahead is written (DANA-DC keeps it as the worker's snapshot)."""
@@ -70,20 +79,20 @@ class DANAZero(GradientAlgorithm):
         g = self.corrected(state, w, worker, msg, out)
         if self.weight_decay:
             g = torch.add(g, w, alpha=self.weight_decay, out=out)
-        v = state["momenta"][worker]
+        v = state.momenta[worker]
         # change = (gamma - 1)*v + g, so that v and the sum move by the same amount
         change = torch.add(g, v, alpha=self.momentum - 1, out=out)
         v.add_(change)
-        state["momentum_sum"].add_(change)
-        state["lr"] = lr
+        state.momentum_sum.add_(change)
+        state.lr = lr
         return v, -lr
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         # One pass (the look-ahead of on_pull stays one torch operator: a pass of its own, at pull time)
-        finite = fused.dana_apply(msg, w, state["w_bak"][worker] if "w_bak" in state else None,
-                                  state["momenta"][worker], state["momentum_sum"], old, lam=getattr(self, "lam", None),
+        finite = fused.dana_apply(msg, w, None if state.w_bak is None else state.w_bak[worker],
+                                  state.momenta[worker], state.momentum_sum, old, lam=getattr(self, "lam", None),
                                   gamma=self.momentum, weight_decay=self.weight_decay, s=-lr, keep=keep)
-        state["lr"] = lr
+        state.lr = lr
         return finite
 
 
@@ -101,13 +110,13 @@ class DANADC(DANAZero):
 
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
-        state["w_bak"] = [w.clone() for _ in range(num_workers)]   # the look-ahead each worker computes at
+        state.w_bak = [w.clone() for _ in range(num_workers)]
         return state
 
     def look_ahead_buffer(self, state, worker, w):
-        return state["w_bak"][worker]
+        return state.w_bak[worker]
 
     def corrected(self, state, w, worker, g, out):
         # out = g + lam * g*g*(w - w_hat[m]): (w - w_hat)*g, then one fused addcmul
-        torch.sub(w, state["w_bak"][worker], out=out).mul_(g)
+        torch.sub(w, state.w_bak[worker], out=out).mul_(g)
         return torch.addcmul(g, out, g, value=self.lam, out=out)

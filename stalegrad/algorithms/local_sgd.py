@@ -31,12 +31,17 @@ pseudo-gradient. The server applies an outer optimizer to it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._lazy import torch
 from ..errors import ConfigError
 from . import fused
 from .agn import AccumulatedCommit
 from .base import check_nonnegative, elementwise, param
+from .state import per_element, scalar
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -79,11 +84,16 @@ class AsyncLocalSGD(AccumulatedCommit):
     dn_c: float = param(0.0, "delayed-nesterov: share c of the momentum applied at every update, "
                         "0 <= c <= 1/N", "--dn-c")
 
-    per_element_state = ("outer_buffer", "dn_sum")
     server_writes = ("outer_buffer", "dn_sum")
 
+    @dataclass
+    class State(AccumulatedCommit.State):   # delayed-nesterov's (None with another outer optimizer):
+        dn_sum: Tensor | None = per_element()   # D, the commits since the last momentum update (in their sign)
+        dn_updates: int | None = scalar()       # the updates so far
+        dn_delay: int | None = scalar()         # N: updates between two momentum updates
+
     def writes(self, state, worker):
-        if self.outer_opt == "delayed-nesterov" and (state["dn_updates"] + 1) % state["dn_delay"]:
+        if self.outer_opt == "delayed-nesterov" and (state.dn_updates + 1) % state.dn_delay:
             return ("dn_sum",)   # the momentum moves on every N-th update only
         return self.server_writes
 
@@ -121,7 +131,7 @@ class AsyncLocalSGD(AccumulatedCommit):
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
         if self.outer_opt == "delayed-nesterov":
-            state.update(dn_sum=torch.zeros_like(w), dn_updates=0, dn_delay=self.dn_delay or num_workers)
+            state.dn_sum, state.dn_updates, state.dn_delay = torch.zeros_like(w), 0, self.dn_delay or num_workers
         return state
 
     # Not @elementwise: delayed-nesterov counts updates in a scalar, which a chunk could not write back
@@ -130,8 +140,8 @@ class AsyncLocalSGD(AccumulatedCommit):
         if self.outer_opt != "delayed-nesterov":
             return self.outer_step(state, msg, 1.0, out)
         # In the commit's sign: the buffer and momentum below are the negatives of the paper's D and m.
-        n, t, beta, c = state["dn_delay"], state["dn_updates"], self.outer_momentum, self.dn_c
-        total, b = state["dn_sum"], state["outer_buffer"]
+        n, t, beta, c = state.dn_delay, state.dn_updates, self.outer_momentum, self.dn_c
+        total, b = state.dn_sum, state.outer_buffer
         total.add_(msg)
         step = torch.div(msg, n, out=out)
         if (t + 1) % n == 0:
@@ -140,15 +150,15 @@ class AsyncLocalSGD(AccumulatedCommit):
             total.zero_()
         elif c:
             step.add_(b, alpha=c * beta)
-        state["dn_updates"] = t + 1
+        state.dn_updates = t + 1
         return step, self.outer_lr
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         if self.outer_opt != "delayed-nesterov":
             return None   # outer sgd and nesterov stay on torch operators (agn's outer_step)
         # One call on the whole vectors: the update count is moved here, once, as server_delta does.
-        n, t = state["dn_delay"], state["dn_updates"]
-        state["dn_updates"] = t + 1
-        return fused.local_sgd_apply(msg, w, state["dn_sum"], state["outer_buffer"], old, n=n,
+        n, t = state.dn_delay, state.dn_updates
+        state.dn_updates = t + 1
+        return fused.local_sgd_apply(msg, w, state.dn_sum, state.outer_buffer, old, n=n,
                                      momentum_update=(t + 1) % n == 0, beta=self.outer_momentum, share=self.dn_c,
                                      s=self.outer_lr, keep=keep)

@@ -6,7 +6,7 @@
   minus the one it was computed at (section 2.1): exactly our tau, the
   updates since the pull. A hardsync gradient has tau = 0 (section 2.4) and
   keeps the rate alpha0; ``staleness_offset = 1`` divides by tau + 1 instead
-  (this library's rule before issue 32)::
+  (the rule that older runs ran, kept for their resumes)::
 
       g_sa = g / max(tau + staleness_offset, 1)
 
@@ -37,11 +37,16 @@ choices where the papers leave room, with the lines they rest on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._lazy import torch
 from . import fused
 from ..errors import ConfigError
 from .base import GradientAlgorithm, check_fraction, check_positive, elementwise, param
+from .state import per_element, per_worker, scalar
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Gap-Aware's two readings of C (docs/algorithms_after_2017.md): its authors' code, and the step applied
 GA_READINGS = ("authors", "applied-step")
@@ -83,7 +88,7 @@ class StalenessAwareASGD(GradientAlgorithm):
     def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         if not (self.momentum or self.weight_decay):
             return None   # the torch path is already one pass: w.add_(g, alpha=-lr*scale)
-        return fused.sasgd_apply(msg, w, state.get("momentum_buffer"), old, scale=self.scale(tau),
+        return fused.sasgd_apply(msg, w, state.momentum_buffer, old, scale=self.scale(tau),
                                  weight_decay=self.weight_decay, momentum=self.momentum, s=-lr, keep=keep)
 
 
@@ -95,7 +100,6 @@ class GapAware(GradientAlgorithm):
                "since the pull, in units of its running-average step size")
     rule = ("G = 1 + |w - w_bak[m]| / (lr_max*(sqrt(v_hat)+eps));  w <- w - lr*(g + wd*w)/G;  v: running mean "
             "of g^2 (momentum: of the buffer) before the step; --ga-reading applied-step: of the step after it")
-    per_element_state = ("momentum_buffer", "w_bak", "step_square")
     server_writes = ("momentum_buffer", "step_square")
     ga_beta: float = param(0.999, "decay beta of the running average of the squared gradient (or step) in C",
                            "--ga-beta")
@@ -105,6 +109,13 @@ class GapAware(GradientAlgorithm):
                                        "penalised too; 'applied-step' the squared step after it, weight decay not "
                                        "penalised", "--ga-reading", GA_READINGS)
 
+    @dataclass
+    class State(GradientAlgorithm.State):
+        w_bak: list | None = per_worker()          # the weights each worker pulled
+        step_square: Tensor | None = per_element()   # v: the running average of the squared gradient (or step)
+        updates: int = scalar(0)                   # k: updates in the running average
+        lr_max: float = scalar(0.0)                # the largest rate so far
+
     def validate(self):
         super().validate()
         check_fraction(self, "ga_beta", low_open=True)
@@ -112,44 +123,42 @@ class GapAware(GradientAlgorithm):
 
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
-        state["w_bak"] = [w.clone() for _ in range(num_workers)]
-        state["step_square"] = torch.zeros_like(w)
-        state["updates"] = 0      # k: updates in the running average
-        state["lr_max"] = 0.0
+        state.w_bak = [w.clone() for _ in range(num_workers)]
+        state.step_square = torch.zeros_like(w)
         return state
 
     def on_pull(self, state, worker, w):
-        state["w_bak"][worker].copy_(w)
+        state.w_bak[worker].copy_(w)
 
     # Not @elementwise: it counts updates in scalars, which a chunk could not write back (the fused
     # kernel runs on the whole vectors and fused_apply updates the scalars once).
     def server_delta(self, state, w, worker, msg, tau, lr, out):
-        state["lr_max"] = max(state["lr_max"], lr)
-        k = state["updates"]
-        state["updates"] = k + 1
+        state.lr_max = max(state.lr_max, lr)
+        k = state.updates
+        state.updates = k + 1
         if self.ga_reading == "authors":
             return self._authors_delta(state, w, worker, msg, k, lr, out)
         if k:
             # out = G = 1 + |w - w_bak| / C, then g / G
-            c = torch.sqrt(state["step_square"] / (1 - self.ga_beta ** k)).add_(self.ga_eps).mul_(state["lr_max"])
-            torch.sub(w, state["w_bak"][worker], out=out).abs_().div_(c).add_(1.0)
+            c = torch.sqrt(state.step_square / (1 - self.ga_beta ** k)).add_(self.ga_eps).mul_(state.lr_max)
+            torch.sub(w, state.w_bak[worker], out=out).abs_().div_(c).add_(1.0)
             direction = torch.div(msg, out, out=out)
         else:
             direction = out.copy_(msg)
         if self.weight_decay:
             direction.add_(w, alpha=self.weight_decay)
         step, s = self.heavy_ball(state, direction, lr)
-        state["step_square"].mul_(self.ga_beta).addcmul_(step, step, value=1 - self.ga_beta)
+        state.step_square.mul_(self.ga_beta).addcmul_(step, step, value=1 - self.ga_beta)
         return step, s
 
     def _authors_delta(self, state, w, worker, msg, k, lr, out):
         """The authors' reading: the average first, of the raw gradient (with momentum: of the buffer the
         previous step left), bias-corrected over k + 1 updates; then (g + wd*w)/G through the momentum."""
-        v, beta = state["step_square"], self.ga_beta
-        x = state["momentum_buffer"] if self.momentum else msg
+        v, beta = state.step_square, self.ga_beta
+        x = state.momentum_buffer if self.momentum else msg
         v.mul_(beta).addcmul_(x, x, value=1 - beta)
-        c = torch.sqrt(v / (1 - beta ** (k + 1))).add_(self.ga_eps).mul_(state["lr_max"])
-        gap = torch.sub(w, state["w_bak"][worker], out=out).abs_().div_(c).add_(1.0)
+        c = torch.sqrt(v / (1 - beta ** (k + 1))).add_(self.ga_eps).mul_(state.lr_max)
+        gap = torch.sub(w, state.w_bak[worker], out=out).abs_().div_(c).add_(1.0)
         if self.weight_decay:   # (c is not needed any more: it takes g + wd*w)
             direction = torch.add(msg, w, alpha=self.weight_decay, out=c).div_(gap)
         else:
@@ -158,10 +167,10 @@ class GapAware(GradientAlgorithm):
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):
         # One call on the whole vectors: the scalars are updated here, once, as server_delta does.
-        state["lr_max"] = max(state["lr_max"], lr)
-        k = state["updates"]
-        state["updates"] = k + 1
-        return fused.gap_aware_apply(msg, w, state["w_bak"][worker], state["step_square"], state.get("momentum_buffer"),
-                                     old, updates=k, lr_max=state["lr_max"], beta=self.ga_beta, eps=self.ga_eps,
+        state.lr_max = max(state.lr_max, lr)
+        k = state.updates
+        state.updates = k + 1
+        return fused.gap_aware_apply(msg, w, state.w_bak[worker], state.step_square, state.momentum_buffer,
+                                     old, updates=k, lr_max=state.lr_max, beta=self.ga_beta, eps=self.ga_eps,
                                      weight_decay=self.weight_decay, momentum=self.momentum, s=-lr,
                                      authors=self.ga_reading == "authors", keep=keep)

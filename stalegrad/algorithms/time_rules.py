@@ -41,7 +41,7 @@ the current weights (``Algorithm.stop_threshold``; the simulator only, counted i
       round: the first min(m, live) gradients with tau = 0;  w <- w - lr * mean(g);   tau > 0: dropped
 
   Only the abstracts of 2602.03802 and 1604.00981 could be read here, not their algorithm boxes: this rule is
-  written from the abstracts and the issue's description (docs/algorithms_after_2017.md).
+  written from the abstracts and the rule as this project specifies it (docs/algorithms_after_2017.md).
 
 Their optional server momentum and weight decay are torch.optim.SGD's, as every gradient rule's
 (``GradientAlgorithm.sgd_step``), applied to the accepted gradient (ringmaster), the batch mean (rennala) or
@@ -50,11 +50,16 @@ the round mean (m-ssgd); the papers have neither (defaults 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._lazy import torch
 from ..errors import ConfigError
 from .base import HELD, GradientAlgorithm, elementwise, param
 from .sgd import SSGD
+from .state import per_element, scalar
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 STOPS = ("off", "on")
 STOPS_HELP = ("'on' (the simulator only): a worker's computation is stopped once it would be dropped (ringmaster: its "
@@ -110,7 +115,6 @@ class RennalaSGD(GradientAlgorithm):
                "weights, from any workers, and steps once; older gradients are dropped")
     rule = ("tau = 0: s <- s + g_m, until B of them: w <- w - lr*s/B, s <- 0;  tau > 0: g_m dropped   "
             "(B = rennala_batch; 0: M workers)")
-    per_element_state = ("momentum_buffer", "grad_sum")
     server_writes = ("momentum_buffer", "grad_sum")
     drops_held = True   # a step that is not finite drops its batch whole, the messages held for it too
     rennala_batch: int = param(0, "B: gradients at the current weights averaged into one step (several may come from "
@@ -118,6 +122,12 @@ class RennalaSGD(GradientAlgorithm):
                                   "equal speeds. The paper's theory takes B = max(1, ceil(sigma^2/eps))",
                                "--rennala-batch")
     stops: str = param("off", STOPS_HELP, "--stops", STOPS)
+
+    @dataclass
+    class State(GradientAlgorithm.State):
+        grad_sum: Tensor | None = per_element()   # s: the sum of the gradients gathered for the next step
+        gathered: int = scalar(0)                 # n: how many
+        batch: int | None = scalar()              # B, resolved
 
     def validate(self):
         super().validate()
@@ -129,17 +139,17 @@ class RennalaSGD(GradientAlgorithm):
 
     def server_init(self, w, num_workers):
         state = super().server_init(w, num_workers)
-        state.update(grad_sum=torch.zeros_like(w), gathered=0, batch=self.batch(num_workers))
+        state.grad_sum, state.batch = torch.zeros_like(w), self.batch(num_workers)
         return state
 
     def writes(self, state, worker):
         # A held message only adds to the sum, kept as it is: one that overflows it makes the batch's step
         # non-finite, and a skipped step drops the batch (drop_held), so the sum never needs its old values.
-        return () if state["gathered"] + 1 < state["batch"] else ("momentum_buffer",)
+        return () if state.gathered + 1 < state.batch else ("momentum_buffer",)
 
     def drop_held(self, state):
-        state["grad_sum"].zero_()
-        state["gathered"] = 0
+        state.grad_sum.zero_()
+        state.gathered = 0
 
     def admits(self, worker, tau, num_workers):
         return tau == 0
@@ -149,14 +159,14 @@ class RennalaSGD(GradientAlgorithm):
 
     # Not @elementwise: it counts the gathered gradients in a scalar, once per message.
     def server_delta(self, state, w, worker, msg, tau, lr, out):
-        total = state["grad_sum"]
+        total = state.grad_sum
         total.add_(msg)
-        state["gathered"] += 1
-        if state["gathered"] < state["batch"]:
+        state.gathered += 1
+        if state.gathered < state.batch:
             return HELD
-        torch.div(total, state["gathered"], out=out)
+        torch.div(total, state.gathered, out=out)
         total.zero_()
-        state["gathered"] = 0
+        state.gathered = 0
         return self.sgd_step(state, w, out, lr, out)
 
     def fused_apply(self, state, w, worker, msg, tau, lr, old, keep=None):

@@ -20,7 +20,7 @@ from ..algorithms.base import HELD
 from ..errors import ConfigError, RunError, UsageError
 from .options import ON_NONFINITE
 from .staleness import StalenessLog
-from .transaction import Undo, chunk_of
+from .transaction import Pending, Undo
 from .state_checks import server_damage
 
 # Element-wise rules (see algorithms.base.elementwise) on vectors of at least
@@ -29,7 +29,7 @@ from .state_checks import server_damage
 # in cache, where a whole-vector rule makes one pass over main memory per
 # tensor operation (and allocates its temporaries whole). Below CHUNK_ABOVE
 # (16 MiB) the vectors share the L3 cache anyway and one call per operation is
-# cheaper. Measured by benchmarks/chunk_sweep.py, see docs/performance.md.
+# cheaper. Measured by benchmarks/archive/chunk_sweep.py, see docs/performance.md.
 CHUNK = 1 << 18
 CHUNK_ABOVE = 1 << 22
 
@@ -39,11 +39,13 @@ class NonFiniteError(RunError):
 
 
 class ParameterServer:
+    """The state every runtime drives through ``pull(worker)`` and ``push(worker, msg, lr)``: the flat weights ``w``,
+    the ``version`` (one per applied update), each worker's pulled version (tau counts the versions since), the rule's
+    state and the ``staleness`` log. ``w0`` is copied. ``on_nonfinite``: a NaN/Inf message or update is counted and
+    undone whole ("skip") or raises ``NonFiniteError`` ("stop"). ``kernels``: "numba" (``algorithms.fused``), "torch"
+    or "auto"; default: STALEGRAD_KERNELS, else "auto" (numba if installed and the weights are float32 on the CPU)."""
     def __init__(self, algorithm: Algorithm, w0: Tensor, num_workers: int, *, on_nonfinite: str = "skip",
                  kernels: str | None = None):
-        """``kernels``: "numba" (the fused kernels of ``algorithms.fused``), "torch" (torch operators)
-        or "auto"; default: the STALEGRAD_KERNELS environment variable, else "auto" (numba when it is
-        installed and the weights are float32 on the CPU). ``self.kernels`` says which one runs."""
         if on_nonfinite not in ON_NONFINITE:
             raise ConfigError("on_nonfinite", f"must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
@@ -69,8 +71,7 @@ class ParameterServer:
         self.held: list[tuple[int, int]] = []   # (worker, tau) of messages a rule took in, logged with its step
         self._delta = torch.empty_like(self.w)
         self._undo = Undo(algorithm, self.w)   # what an update changes, put back if it is not finite
-        # (steps, finite, what, records, undo) between prepare and commit; steps None: a message held
-        self._pending = None
+        self._pending: Pending | None = None   # the update between prepare and commit
 
     # ---- the two calls every runtime makes ---------------------------------
     def pull(self, worker: int, out: Tensor | None = None) -> Tensor:
@@ -142,7 +143,7 @@ class ParameterServer:
         if not finite:
             return False, False
         if self.kernels == "numba" and self._prepare_fused(worker, msg, tau, lr):
-            return True, self._pending[1]
+            return True, self._pending.finite
         rule = self.algorithm.server_delta
         ok = self._prepare_update(lambda state, w, g, out: rule(state, w, worker, g, tau, lr, out),
                                   getattr(rule, "elementwise", False), msg, span, f"update from worker {worker}",
@@ -166,18 +167,19 @@ class ParameterServer:
         pending, self._pending = self._pending, None
         if pending is None:
             return False
-        steps, finite, what, records, undo = pending
-        if not (finite if apply is None else apply):
-            if finite and undo.restore():   # (prepare undid a non-finite one): another shard's was not finite
+        records = pending.records
+        if not (pending.finite if apply is None else apply):
+            # (prepare undid a non-finite update itself): a finite one not applied, as another shard's was not finite
+            if pending.finite and pending.undo.restore():
                 self.held = []
-            return self._nonfinite(what)
-        if steps is None:   # the rule holds the message: logged with the step that uses it
+            return self._nonfinite(pending.what)
+        if pending.steps is None:   # the rule holds the message: logged with the step that uses it
             self.held.extend(records)
             return False
         if self.held:
             records, self.held = self.held + records, []
         w = self.w
-        for a, b, t, s in steps:
+        for a, b, t, s in pending.steps:
             target = w if a is None else w[a:b]
             target.add_(t) if s == 1.0 else target.add_(t, alpha=s)
         for m, tau in records:
@@ -220,7 +222,7 @@ class ParameterServer:
             "nonfinite_skipped": self.nonfinite_skipped,
         }
         if algorithm_state:
-            sd.update(state=self.state, round=dict(self.round), held=[list(r) for r in self.held])
+            sd.update(state=self.state.to_dict(), round=dict(self.round), held=[list(r) for r in self.held])
         return sd
 
     def load_state_dict(self, sd: dict, strict: bool = True) -> None:
@@ -237,11 +239,11 @@ class ParameterServer:
         self.live = set(sd["live"])
         self.staleness.workers = array("i", sd["staleness"]["workers"].tolist())
         self.staleness.taus = array("i", sd["staleness"]["taus"].tolist())
-        dropped = sd["staleness"].get("dropped")   # (checkpoints before issue 41 have none: nothing dropped)
+        dropped = sd["staleness"].get("dropped")   # (an older checkpoint has none: no rule dropped messages then)
         self.staleness.dropped = [0] * self.num_workers if dropped is None else [int(d) for d in dropped.tolist()]
         self.nonfinite_skipped = int(sd["nonfinite_skipped"])
         if strict or "state" in sd:
-            self.state = to_device(sd["state"], device)
+            self.state = self.algorithm.State.from_dict(to_device(sd["state"], device))
         if strict or "round" in sd:
             self.round = {int(m): (None if g is None else g.to(device)) for m, g in sd["round"].items()}
             self.held = [(int(m), int(tau)) for m, tau in sd.get("held", [])]
@@ -261,7 +263,7 @@ class ParameterServer:
             return False
         if not finite and undo.restore():
             self.held = []
-        self._pending = ([], finite, f"update from worker {worker}", [(worker, tau)], undo)
+        self._pending = Pending([], finite, f"update from worker {worker}", [(worker, tau)], undo)
         return True
 
     def _prepare_round(self, lr: float) -> tuple[bool, bool]:
@@ -314,14 +316,13 @@ class ParameterServer:
         else:
             steps, finite = [], True
             one = isinstance(msg, Tensor)
-            per_element = self.algorithm.per_element_state
             whole = {"msg", "out"}   # the whole update is s*msg or s*out: add it in one call
             for a in range(0, n, CHUNK):
                 b = min(a + CHUNK, n)
                 m = msg[a:b] if one else {k: g[a:b] for k, g in msg.items()}
                 out = delta[a:b]
                 undo.save(a, b)
-                t, s = self._step(rule(chunk_of(self.state, per_element, a, b), w[a:b], m, out), out)
+                t, s = self._step(rule(self.state.chunk(a, b), w[a:b], m, out), out)
                 finite = self._scaled_finite(t, s, span if t is m else None) and \
                     undo.state_finite(t, self._extremes, a, b)
                 if not finite:   # the chunks after it are not run: nothing of theirs to put back
@@ -332,7 +333,7 @@ class ParameterServer:
                 steps = [(None, None, msg if whole == {"msg"} else delta, steps[0][3])]
         if not finite and undo.restore():   # (Rennala: the batch dropped, its held messages too)
             self.held = []
-        self._pending = (steps, finite, what, records, undo)
+        self._pending = Pending(steps, finite, what, records, undo)
         return finite
 
     @staticmethod

@@ -70,7 +70,8 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
 
 
 def split_state(sd: dict, bounds: list[tuple[int, int]], per_element: tuple[str, ...]) -> list[dict]:
-    """One server ``state_dict`` as K shard ``state_dict``s (the element-wise parts sliced)."""
+    """One server ``state_dict`` as K shard ``state_dict``s: the weights, the round and the rule state's
+    ``per_element`` fields (``Algorithm.per_element_state``, read from the rule's declared ``State``) sliced."""
     out = []
     for a, b in bounds:
         part = dict(sd)

@@ -24,7 +24,8 @@ def server_damage(sd: dict, ref: dict, M: int, where: str, strict: bool = True) 
             or ints(f"{where}.live", sd["live"], None, upto=M - 1)
             or _staleness(sd["staleness"], M, f"{where}.staleness")
             or count(f"{where}.nonfinite_skipped", sd["nonfinite_skipped"])
-            or ("state" in sd and like(f"{where}.state", sd["state"], ref["state"]))
+            or ("state" in sd and (_undeclared(sd["state"], ref["state"], f"{where}.state")
+                                   or like(f"{where}.state", sd["state"], ref["state"])))
             or ("round" in sd and _round(sd["round"], ref["w"], M, f"{where}.round"))
             or _held(sd.get("held"), M, f"{where}.held")) or None
 
@@ -38,10 +39,18 @@ def _staleness(st, M: int, where: str) -> str | None:
         return f"{where!r} holds {len(workers)} workers and {len(taus)} taus, or not as integers"
     if len(workers) and (int(workers.min()) < 0 or int(workers.max()) >= M or int(taus.min()) < 0):
         return f"{where!r} names a worker outside 0..{M - 1}, or a negative tau"
-    dropped = st.get("dropped")   # (each worker's dropped messages; checkpoints before issue 41 have none)
+    dropped = st.get("dropped")   # (each worker's dropped messages; an older checkpoint has none)
     if dropped is not None and not (isinstance(dropped, torch.Tensor) and dropped.dim() == 1 and len(dropped) == M
                                     and not dropped.is_floating_point() and (not M or int(dropped.min()) >= 0)):
         return f"'{where}.dropped' is not {M} counts, one per worker"
+    return None
+
+
+def _undeclared(state, ref: dict, where: str) -> str | None:
+    """A part of ``state`` that the rule's state (``ref``: its ``to_dict()``) does not hold: a misspelt or foreign
+    key, which the rule would never read."""
+    if isinstance(state, dict) and (key := next((k for k in state if k not in ref), None)) is not None:
+        return f"{where!r} holds {key!r}, which this rule's state does not (its parts: {', '.join(ref) or 'none'})"
     return None
 
 

@@ -1,17 +1,18 @@
-"""A server update applied whole or not at all, the rule's state included (issue 43).
+"""A server update applied whole or not at all, the rule's state included.
 
 A rule computes its update and writes its state in one call (``server_delta``, ``round_delta``,
 ``fused_apply``), before the server knows whether the update is finite. So the server keeps, before the
-call, what the call may change: the state's scalars (a shallow copy of the state dict: DANA's last rate,
-Gap-Aware's counts, async-local-sgd's update count, Rennala's gathered count) and the old values of the
-tensors the rule says it writes (``Algorithm.writes``: the momentum buffer, the pushing worker's
-MeanSquare, ...). An update whose amount, or whose written state, is not finite puts all of it back (and
-the weights, where a fused kernel had added the update already): weights, state, version, counters and
-the staleness log are as if the message had never come, so the next update gives the bits of a server
-that never saw it. A server split into shards commits or undoes every update on every shard together
-(``commit(apply)``), so each shard's state is that of one server's slice. Rennala's update is the step
-on a batch of held messages: a skipped step drops the batch whole (``Algorithm.drops_held``), since the
-message that overflowed its sum would overflow the next step too; the state is then as before the batch.
+call, what the call may change: the state's scalars (a shallow copy of the state's fields: DANA's last
+rate, Gap-Aware's counts, async-local-sgd's update count, Rennala's gathered count) and the old values of
+the tensors the rule says it writes (``Algorithm.writes``, fields of the rule's declared ``State``: the
+momentum buffer, the pushing worker's MeanSquare, ...). An update whose amount, or whose written state, is
+not finite puts all of it back (and the weights, where a fused kernel had added the update already):
+weights, state, version, counters and the staleness log are as if the message had never come, so the
+next update gives the bits of a server that never saw it. A server split into shards commits or undoes
+every update on every shard together (``commit(apply)``), so each shard's state is that of one server's
+slice. Rennala's update is the step on a batch of held messages: a skipped step drops the batch whole
+(``Algorithm.drops_held``), since the message that overflowed its sum would overflow the next step too;
+the state is then as before the batch.
 
 Where the old values come from, the cheapest way each path allows:
 
@@ -21,14 +22,26 @@ Where the old values come from, the cheapest way each path allows:
 - a rule on whole vectors: one copy of each written tensor before the call.
 
 A rule that writes no tensor (asgd, agn, dynsgd, aeasgd, easgd, sasgd without momentum) pays only the
-shallow copy of its state dict. Which written tensors are checked: each float tensor the rule wrote that
+shallow copy of its state's fields. Which written tensors are checked: each float tensor the rule wrote that
 is not the update's own tensor (a momentum buffer returned as the step is checked as the step).
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from torch import Tensor
+
+from ..algorithms.state import RuleState
+
+
+class Pending(NamedTuple):
+    """An update between ``ParameterServer.prepare`` and ``commit``."""
+    steps: list | None   # (a, b, t, s): add s*t to w[a:b] (a None: to all of w); None: the rule holds the message
+    finite: bool         # whether the update, and the state it wrote, is finite
+    what: str            # the update, in words, for the non-finite count's error
+    records: list        # (worker, tau) of each message the update applies, for the staleness log
+    undo: "Undo"         # what puts the update back
 
 
 class Undo:
@@ -39,23 +52,23 @@ class Undo:
         self.shape = w.shape
         self.buffers: dict = {}          # (key, index) -> a tensor like the state's, reused from update to update
         self.fits: dict = {}             # (key, index, id(t)) -> (t, its buffer): t known to fit that buffer
-        self.state: dict | None = None
-        self.scalars: dict = {}
+        self.state: RuleState | None = None
+        self.fields: dict = {}           # the state's fields before the update (its scalars' old values)
         self.targets: list[tuple[Tensor, Tensor]] = []   # (a tensor the update writes, where its old values are)
         self.keys: dict[str, Tensor] = {}   # key -> old-value buffer, for a fused kernel (one tensor per key)
         self.keyed = True                # whether ``keys`` holds every target (else ``keep`` copies the rest)
         self.weights = None              # (w, old w): a fused kernel added the update to w already
         self.upto = 0                    # old values kept of elements [0, upto) of each target shaped like w
 
-    def begin(self, state: dict, worker: int | None) -> "Undo":
+    def begin(self, state: RuleState, worker: int | None) -> "Undo":
         """Start an update of ``worker``'s push (None: a round): nothing is copied yet."""
         if state is not self.state:   # (a loaded state: forget the tensors known, hold none of them)
             self.fits.clear()
-        self.state, self.scalars, self.weights, self.upto = state, dict(state), None, 0
+        self.state, self.fields, self.weights, self.upto = state, dict(vars(state)), None, 0
         declared = self.algorithm.writes(state, worker)
         targets, keys = [], {}
-        for key in (state if declared is None else declared):
-            value = state.get(key)
+        for key in (self.fields if declared is None else declared):
+            value = getattr(state, key)   # (a name State does not declare: an AttributeError, not a tensor left out)
             if isinstance(value, Tensor):
                 targets.append((value, self._buffer(key, None, value)))
                 keys[key] = targets[-1][1]
@@ -121,45 +134,17 @@ class Undo:
 
     def restore(self) -> bool:
         """Put back what the update changed: the written tensors (the elements saved), the state's scalars
-        (the dict itself is kept: whoever holds it sees the old values), and the weights a kernel changed.
+        (the state object itself is kept: whoever holds it sees the old values), and the weights a kernel changed.
         True when the rule then dropped the messages it held for its step (``Algorithm.drops_held``)."""
         for t, old in self.targets:
             if self.upto == math.inf or t.shape != self.shape:
                 t.copy_(old)
             elif self.upto:
                 t[:self.upto].copy_(old[:self.upto])
-        self.state.clear()
-        self.state.update(self.scalars)
+        vars(self.state).update(self.fields)
         if self.weights is not None:
             self.weights[0].copy_(self.weights[1])
         if self.algorithm.drops_held:
             self.algorithm.drop_held(self.state)
         return self.algorithm.drops_held
 
-
-def chunk_of(state: dict, per_element: tuple[str, ...], a: int, b: int) -> dict:
-    """Elements [a, b) of the algorithm's declared per-element state; the rest as it is."""
-    chunk = dict(state)
-    for key in per_element:
-        value = state.get(key)
-        if isinstance(value, Tensor):
-            chunk[key] = value[a:b]
-        elif isinstance(value, (list, tuple)):
-            chunk[key] = _Slices(value, a, b)
-    return chunk
-
-
-class _Slices:
-    """Elements [a, b) of each tensor of a per-worker list, sliced when indexed
-    (a rule touches one or two of the M workers' tensors)."""
-
-    __slots__ = ("seq", "a", "b")
-
-    def __init__(self, seq, a: int, b: int):
-        self.seq, self.a, self.b = seq, a, b
-
-    def __getitem__(self, i):
-        return self.seq[i][self.a:self.b]
-
-    def __len__(self) -> int:
-        return len(self.seq)
