@@ -223,7 +223,8 @@ def test_memory_for_the_workers_copies_is_estimated_and_refused(monkeypatch):
     dc = resources.memory_estimate(make_algorithm("dcasgd-a"), 8, 1000, 4, 0)
     asgd = resources.memory_estimate(make_algorithm("asgd"), 8, 1000, 4, 0)
     agn = resources.memory_estimate(make_algorithm("agn"), 8, 1000, 4, 0)
-    assert dc["server_copies"] == asgd["server_copies"] + 2 * 8      # a snapshot and a mean square per worker
+    # a snapshot and a mean square per worker, and the old values of the pushing worker's mean square (Undo)
+    assert dc["server_copies"] == asgd["server_copies"] + 2 * 8 + 1
     assert agn["worker_copies"] == asgd["worker_copies"] + 2          # Adam's two moments per worker
     monkeypatch.setattr(resources, "available_memory", lambda: 10_000)
     with pytest.raises(UsageError, match=r"more than the 9.77 KiB available"):

@@ -9,6 +9,9 @@ An interrupt (Ctrl-C) ends a command with one line and exit code 130, except
 once ``train`` has begun writing summary.json: the run is then finished, the
 interrupt is ignored and the command exits 0. Neither does an interrupt during
 the process's exit, after ``main`` has returned, add a traceback to it.
+
+The top layer: it may import ``study``, ``run``, ``runtimes``, ``core``, ``algorithms``, ``models`` and
+``data``, and no module of theirs imports it (``tests/test_architecture.py``).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import warnings
 import click
 
 from ..errors import ConfigError, NumericsWarning, StalegradError
-from . import options
+from ..run.options import WARNED
 from .options import flag_of
 from .grid import grid
 from .report import report
@@ -99,7 +102,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    options.WARNED.clear()   # each command prints its deprecation lines once
+    WARNED.clear()   # each command prints its deprecation lines once
     try:
         code = cli.main(args=argv, prog_name="stalegrad", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):

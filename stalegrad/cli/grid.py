@@ -171,11 +171,14 @@ def check_cluster_options(g: Grid, address: str | None, cpus_per_cell: int | Non
                 raise UsageError(f"{flag} needs --address (a grid on a Ray cluster); without it the cells run here, "
                                  "--jobs at once")
         return
+    from ..run.options import MAX_WAIT_S, WAIT_WHY
     from ..runtimes.ray.connect import split_address
     try:
         split_address(address)
     except ConfigError as e:
         raise UsageError(f"--{e.render('address')}") from None
+    if connect_timeout is not None and not connect_timeout <= MAX_WAIT_S:
+        raise UsageError(f"--connect-timeout must be at most {MAX_WAIT_S:g} seconds{WAIT_WHY}, got {connect_timeout:g}")
     if tensorboard is not None:
         raise UsageError("--tensorboard is not available with --address (the logs would stay on the nodes); "
                          "leave it out, or run the grid without --address")
@@ -284,7 +287,7 @@ def check_data(path, cells: list[Cell], here: bool = True) -> None:
 
     from ..data import DataError, load_pair
     from ..models import build_model
-    from .run import check_options
+    from ..run.options import check_options
 
     def key(c):   # only the synthetic data depends on the seed
         p = c.params

@@ -12,24 +12,14 @@ from ..algorithms import ALGORITHMS, as_saved
 from ..core.delays import DEFAULT_DELAY, renamed_delay
 from ..errors import UsageError
 from ..run.files import CONFIG_LIMIT, UnreadableFile, loads_json, read_text
-from .options import ALGO_FLAGS, NOT_IN_CONFIG, apply_config_file, build_config, build_runtime, named_in_file, run_options
-from .option_files import file_value
+from ..run.option_files import file_value
+from ..run.options import ALGO_FLAGS, COMPARE_OPTIONS, NOT_IN_CONFIG, TRAIN_OPTIONS, build_config, check_options
+from .options import apply_config_file, click_options, named_in_file
 
 
 def load_data(params: dict):
     from ..data import load_pair
     return load_pair(params["dataset"], params["data_dir"], seed=params["seed"])
-
-
-def check_options(algo_name: str, params: dict):
-    """The validated (RunConfig, runtime) of one run; checked before any data is loaded."""
-    config = build_config(algo_name, params)
-    runtime = build_runtime(params)
-    runtime.check(config)
-    if params.get("tensorboard") is not None:
-        from ..run.tblog import check_logdir
-        check_logdir(params["tensorboard"])
-    return config, runtime
 
 
 def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, progress: bool, resume: bool = False,
@@ -82,16 +72,21 @@ def train_one(algo_name: str, params: dict, train_set, test_set, out: Path, prog
         finally:
             if board is not None:
                 board.close()
-    warn_if_diverged(result)
+    warn_if_not_trained(result)
     return result
 
 
-def warn_if_diverged(result) -> None:
+def warn_if_not_trained(result) -> None:
     s = result.summary
     skipped, messages = s["nonfinite_skipped"], s["nonfinite_skipped"] + s["updates"]
     if s.get("diverged"):
         click.echo(f"stalegrad: warning: the run diverged: {skipped} of {messages} updates were NaN/Inf and "
                    "skipped; lower --lr, or pass --on-nonfinite stop to stop at the first one", err=True)
+    elif s["updates"] == 0 and s["samples"] > 0:
+        # a window or a round longer than the budget: the run spent its samples and the weights never moved
+        click.echo(f"stalegrad: warning: the budget ended before the first update ({s['samples']} samples, "
+                   "no message applied): the weights are the initial ones; raise --epochs, or lower --window "
+                   "or --workers", err=True)
 
 
 def summary_line(name: str, res, out: Path) -> str:
@@ -103,13 +98,7 @@ def summary_line(name: str, res, out: Path) -> str:
 
 
 @click.command()
-@click.option("--algo", type=click.Choice(list(ALGORITHMS)), default="asgd", show_default=True)
-@run_options
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="run directory for the results (required, unless --resume gives it)")
-@click.option("--resume", type=click.Path(file_okay=False), default=None,
-              help="continue the run in DIR from its last checkpoint; DIR/config.json gives every other option "
-                   "(only --epochs, to extend it, --data-dir, --quiet and --tensorboard may be given)")
+@click_options(TRAIN_OPTIONS)
 @click.pass_context
 def train(ctx, algo, out, resume, **params):
     """Train one model with one algorithm and write the run to --out (or continue one with --resume)."""
@@ -203,7 +192,7 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict, origins: dict
     if unknown is not None:   # an edit the run would not follow: refused, never dropped
         raise UsageError(f"--resume {run_dir}: config.json holds {unknown!r}, which is no option of a run; remove "
                          "it (the file must be as the run wrote it, but for what --resume may change)")
-    by_name = {p.name: p for p in ctx.command.params}
+    by_name = {o.name: o for o in TRAIN_OPTIONS}
     given = [(f"algorithm.{k}", k, v) for k, v in as_saved(resumed["algo"], algorithm).items()]   # (a parameter
     given.append(("runtime.name", "runtime", runtime.pop("name", "sim")))   # added since: as the run ran)
     given += [(f"runtime.{k}", k, v) for k, v in runtime.items()] + [(k, k, v) for k, v in cfg.items()]
@@ -213,7 +202,7 @@ def resume_params(ctx: click.Context, run_dir: Path, params: dict, origins: dict
         if key in ("epochs", "data_dir") and ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE:
             continue
         resumed[key] = None if value is None and params.get(key) is None else file_value(   # (None: its default)
-            ctx, by_name[key], value, f"--resume {run_dir}: config.json: {shown}",
+            by_name[key], value, f"--resume {run_dir}: config.json: {shown}",
             "; restore the file the run wrote, or start afresh with --out")
         if origins is not None:
             origins[key] = (f"--resume {run_dir}: config.json", shown)
@@ -229,10 +218,7 @@ RECORDED_RUNTIME_KEYS = {"name", "cores", "start_method", "worker_resources", "s
 
 
 @click.command()
-@click.option("--algos", default="sgd,asgd,dcasgd-a,agn", show_default=True,
-              help="comma-separated algorithms to run one after the other")
-@run_options
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="directory; one run per algorithm inside")
+@click_options(COMPARE_OPTIONS)
 @click.pass_context
 def compare(ctx, algos, out, **params):
     """Run several algorithms on the same data and settings; print a table.
@@ -286,7 +272,7 @@ def _check_compare(names: list[str], params: dict, out: Path) -> list[tuple[str,
     if twice is not None:
         raise UsageError(f"--algos lists {twice} twice; each algorithm runs once, into --out/{twice}")
     owns = {n: {f.name for f in ALGORITHMS[n].hyperparameters()} for n in names}
-    for key, (flag, _, _) in ALGO_FLAGS.items():
+    for key, flag in ALGO_FLAGS.items():
         if params.get(key) is not None and not any(key in own or renamed(ALGORITHMS[n], key) for n, own in owns.items()):
             takers = [n for n, c in ALGORITHMS.items() if key in {f.name for f in c.hyperparameters()}]
             raise UsageError(f"{flag} applies to none of the compared algorithms ({', '.join(names)}); it is a "

@@ -29,6 +29,9 @@ The modules, one concern each: ``dataset`` (the container, ``DataError``,
 the names), ``idx`` (MNIST, Fashion-MNIST), ``cifar`` (CIFAR-10), ``builtin``
 (digits, synthetic), ``locate`` (look-up order, cache), ``download``
 (``fetch``). This module only dispatches.
+
+It may import only the top-level modules; never ``algorithms``, ``models``,
+``core``, ``runtimes``, ``run``, ``study`` or ``cli`` (``tests/test_architecture.py``).
 """
 from __future__ import annotations
 

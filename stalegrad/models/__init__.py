@@ -21,6 +21,9 @@ ResNet paper did. Every draw comes from the global RNG, so ``torch.manual_seed``
 before ``build_model`` fixes the initial weights. We never seed here: the
 caller owns reproducibility, and seeding inside would silently make every
 run of a sweep start from the same point.
+
+It may import only the top-level modules; never ``algorithms``, ``data``,
+``core``, ``runtimes``, ``run``, ``study`` or ``cli`` (``tests/test_architecture.py``).
 """
 from __future__ import annotations
 

@@ -11,8 +11,10 @@ The same figures as the run directory, as ``torch.utils.tensorboard`` writes the
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +41,28 @@ def check_logdir(logdir: str | Path) -> None:
                                          "give a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError("tensorboard", f"is {str(logdir)!r}, but {existing} is not writable; give another directory")
+    _try_writing(logdir, path)
+
+
+def _try_writing(logdir, path: Path) -> None:
+    """Create ``path`` and a file in it, then remove what was created: os.access says yes to root everywhere,
+    and /proc, a read-only mount or a full disk would refuse only the run's first log, after it started."""
+    made = []
+    try:
+        for p in (*reversed(path.parents), path):
+            if not p.is_dir():
+                p.mkdir()
+                made.append(p)
+        fd, probe = tempfile.mkstemp(prefix=".tensorboard.", suffix=".check", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError("tensorboard", f"is {str(logdir)!r}, but that directory cannot be created or written "
+                                         f"({e.strerror or e}); give another directory") from None
+    finally:
+        for p in reversed(made):
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def _finite(v) -> bool:

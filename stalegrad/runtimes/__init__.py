@@ -4,6 +4,10 @@ They own no math and no training state: only *when* each worker pulls,
 computes and pushes, and how the messages travel. ``base.py`` is the contract
 every runtime implements; ``sim`` is the deterministic simulator, ``local``
 runs real worker processes on this machine.
+
+They may import ``core``, ``algorithms``, ``models``, ``data`` and the top-level
+modules; never ``run``, ``study`` or ``cli`` (``tests/test_architecture.py``): a runtime sees a run only through
+``base.Training``.
 """
 from __future__ import annotations
 

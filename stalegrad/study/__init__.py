@@ -2,8 +2,7 @@
 stages (``stages``), the statistics over seeds (``selection``, ``stats``, ``intervals``), the report and its
 sections (``report``, ``report_*``) and the plots (``plot``).
 
-It may import ``run``, ``core``, ``runtimes``, ``algorithms``, ``models``, ``data`` and the top-level modules.
-A grid runs each cell as ``stalegrad train`` and validates its options against that command's, so ``grid``
-and ``grid_names`` also import ``cli.options`` and ``cli.run`` (the one arrow into the command line; the
-test names it).
+It may import ``run``, ``core``, ``runtimes``, ``algorithms``, ``models``, ``data`` and the top-level modules;
+never ``cli`` (``tests/test_architecture.py``). A grid runs each cell as ``stalegrad train`` in a child process,
+and checks its options first against those of ``run.options``, from which the command line builds its flags.
 """

@@ -54,6 +54,8 @@ from .grid_names import canonical, cell_name, toml_value
 from .report_protocol import grid_protocol
 from .report_time import grid_time_model
 from ..run.files import JSONL_LIMIT, UnreadableFile, disk_full, loads_json, loads_toml, read_text
+from ..run.option_files import config_values, option_defaults, value_problem
+from ..run.options import ALGO_FLAGS, TRAIN_OPTIONS, check_options
 from ..run.results import DamagedRun, atomic_write, is_finished, last_line, read_summary, write_json
 
 ALIASES = {"algos": "algo", "seeds": "seed"}
@@ -63,14 +65,17 @@ REFUSED = {"out": "the grid writes each run into DIR/runs/<cell>", "resume": "re
            "tensorboard": "give 'stalegrad grid --tensorboard DIR': each run logs into DIR/<cell>"}
 REPORT_KEYS = ("target", "baseline", "time_model")
 GRID_FILE_LIMIT = 4 * 2**20   # a grid file is written by hand: a few KiB
-# `stalegrad train` in a child, answering SIGINT (_stop) even when the grid runs in the background
-# (nohup, `&`), which ignores SIGINT and would pass that on (preexec_fn could lose a Ctrl-C at fork).
-CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-         "from stalegrad.cli import main; sys.exit(main(sys.argv[1:]))")
+# `stalegrad train` in a child (the command as `python -m stalegrad` runs it), answering SIGINT (_stop) even when the
+# grid runs in the background (nohup, `&`), which ignores SIGINT and would pass that on (preexec_fn could lose a
+# Ctrl-C at fork).
+CHILD = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "runpy.run_module('stalegrad', run_name='__main__', alter_sys=True)")
 
 
 @dataclass
 class Cell:
+    """One run of a grid: its ``name`` (``grid_names.cell_name``), its algorithm, the values of the axes that apply
+    to it, and its ``options`` for ``stalegrad train`` (``toml``: its --config file)."""
     name: str
     algo: str
     axes: dict                 # the axis values that apply to this cell
@@ -84,6 +89,7 @@ class Cell:
 
 @dataclass
 class Grid:
+    """A grid file parsed, expanded and checked (``load_grid``): its [fixed], [axes] and [report] tables, its cells."""
     path: Path
     fixed: dict
     axes: dict
@@ -92,19 +98,22 @@ class Grid:
 
 
 def _train_options() -> tuple[dict, dict]:
-    from ..cli.run import train
-    return {p.name: p for p in train.params}, {o.lstrip("-"): p.name for p in train.params for o in p.opts}
+    """The options of ``stalegrad train`` by name, and their names by flag (without its dashes)."""
+    return {o.name: o for o in TRAIN_OPTIONS}, {f.lstrip("-"): o.name for o in TRAIN_OPTIONS for f in o.flags}
 
 
-def _check_value(where: str, key: str, v, param):
-    """A value of ``param`` in the grid file, typed as ``stalegrad train --config`` wants it, as the run records it."""
-    from ..cli.options import toml_value_problem
-    if isinstance(v, list) and param.callback is None:     # (hidden, lr_milestones take a list)
+def _takes_list(option) -> bool:   # (hidden, lr_milestones)
+    return option.kind in ("ints", "numbers")
+
+
+def _check_value(where: str, key: str, v, option):
+    """A value of ``option`` in the grid file, typed as ``stalegrad train --config`` wants it, as the run records it."""
+    if isinstance(v, list) and not _takes_list(option):
         raise UsageError(f"{where} {key} is a list: put it in [axes] to make it an axis" if "[fixed]" in where
                          else f"{where} {key}: each value must be a single value, not {v!r}")
-    if (problem := toml_value_problem(param, v)) is not None:
+    if (problem := value_problem(option, v)) is not None:
         raise UsageError(f"{where} {key} {problem}")
-    return canonical(param.name, v)
+    return canonical(option.name, v)
 
 
 def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
@@ -145,7 +154,7 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
                 if not value:
                     raise UsageError(f"{where} {key} is empty: list at least one value")
                 for v in value:
-                    if by_name[name].callback is not None and not isinstance(v, list):
+                    if _takes_list(by_name[name]) and not isinstance(v, list):
                         raise UsageError(f"{where} {key}: each value is a list, e.g. {key} = [[256, 128], [512]]")
                 value = [_check_value(where, key, v, by_name[name]) for v in value]
                 dup = next((v for i, v in enumerate(value) if v in value[:i]), None)
@@ -169,7 +178,6 @@ def parse(path: str | os.PathLike) -> tuple[dict, dict, dict]:
 def expand(path, fixed: dict, axes: dict) -> list[Cell]:
     """The cells of the grid (see the module docstring), in the order of the product."""
     from ..algorithms import ALGORITHMS, renamed
-    from ..cli.options import ALGO_FLAGS
     by_name, _ = _train_options()
     algos = axes.get("algo", [fixed.get("algo", by_name["algo"].default)])
     for a in (a for a in algos if a not in ALGORITHMS):
@@ -201,14 +209,11 @@ def expand(path, fixed: dict, axes: dict) -> list[Cell]:
     return list(cells.values())
 
 
-def train_params(cell_toml: Path, ctx=None) -> tuple[str, dict]:
-    """(algorithm, params) exactly as ``stalegrad train --config CELL_TOML`` builds them. ``ctx``: the
-    context click made of ``train --config CELL_TOML`` for a file at this path before (the same every
-    time: click reads no file; the file is read here), to reuse instead of parsing every option again."""
-    from ..cli.options import apply_config_file
-    from ..cli.run import train
-    ctx = ctx if ctx is not None else train.make_context("train", ["--config", str(cell_toml)])
-    params = apply_config_file(ctx, {k: v for k, v in ctx.params.items() if k not in ("out", "resume")})
+def train_params(cell_toml: Path) -> tuple[str, dict]:
+    """(algorithm, params) exactly as ``stalegrad train --config CELL_TOML`` builds them: every option's default,
+    and the file's values over them."""
+    params = {k: v for k, v in option_defaults(TRAIN_OPTIONS).items() if k not in ("out", "resume", "config_file")}
+    params.update(config_values(str(cell_toml), "train", TRAIN_OPTIONS))
     params.pop("out", None)
     return params.pop("algo"), params
 
@@ -216,7 +221,6 @@ def train_params(cell_toml: Path, ctx=None) -> tuple[str, dict]:
 def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
     """Parse, expand and validate a grid file; every mistake is one ``UsageError`` line. ``here=False``
     (a dry run) accepts a CUDA device that this machine lacks (the file is for another machine)."""
-    from ..cli.run import check_options, train
     fixed, axes, report = parse(path)
     cells = expand(path, fixed, axes)
     baseline = report.get("baseline")
@@ -224,16 +228,14 @@ def load_grid(path: str | os.PathLike, here: bool = True) -> Grid:
         raise UsageError(f"{path}: [report] baseline {baseline!r} is not one of the grid's algorithms "
                          f"({', '.join(dict.fromkeys(c.algo for c in cells))})")
     with tempfile.TemporaryDirectory(prefix="stalegrad-grid-") as tmp:
-        f, ctx = Path(tmp) / "cell.toml", None
+        f = Path(tmp) / "cell.toml"
         for cell in cells:
             # a new file each time: rewriting one in place makes ext4 flush it at every truncation (2-5 ms a
-            # cell, a minute of a 6800-cell grid's start; issue 33)
+            # cell, a minute of a 6800-cell grid's start)
             f.unlink(missing_ok=True)
             f.write_text(cell.toml)
             try:
-                # click's parse of `train --config F` is the same for every cell (60% of a cell's check)
-                ctx = ctx if ctx is not None else train.make_context("train", ["--config", str(f)])
-                _, cell.params = train_params(f, ctx)
+                _, cell.params = train_params(f)
                 gpu = not here and re.fullmatch(r"cuda(:\d+)?", str(cell.params["device"]))
                 check_options(cell.algo, dict(cell.params, device="cpu") if gpu else cell.params)
             except UsageError as e:

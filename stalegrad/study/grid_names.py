@@ -11,6 +11,7 @@ import re
 
 from ..core.options import canonical_partition
 from ..errors import ConfigError
+from ..run.options import ALGO_FLAGS
 
 PREFIX = {"workers": "M", "window": "W", "lr": "lr", "seed": "s", "algo": "", "delay": ""}
 
@@ -48,7 +49,6 @@ def name_value(v) -> str:
 
 
 def _part_order(key: str) -> tuple:
-    from ..cli.options import ALGO_FLAGS
     rank = {"algo": 0, "workers": 1, "window": 2, "lr": 3, "delay": 6, "seed": 7}
     return (rank.get(key, 4 if key in ALGO_FLAGS else 5), key)
 
