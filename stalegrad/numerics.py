@@ -27,11 +27,13 @@ config.json (``numerics``): torch's version, the CPU's vendor and model, the ins
 kernels use (``cpu_capability``), MKL's mode as MKL reports it and as it was asked (``mkl_cbwr``,
 ``mkl_cbwr_env``), and the server's kernel path.
 
-The thread count is then free to follow the machine: ``ThreadGovernor`` measures the simulator's speed
-at one thread, half and all of the cores, and keeps the fastest. On a quiet 2-core machine two threads
-ran the mlp 1.2x and the agn-mlp 1.7x faster than one; beside two busy processes one thread ran the mlp
-2.6x faster than two (a thread waits at every barrier for a descheduled peer; docs/performance.md,
-"Threads under load").
+The thread count is then free to follow the machine: ``ThreadGovernor`` runs at all the cores, as
+OMP_NUM_THREADS set to their count would, while no other process wants them, and otherwise measures the
+simulator's speed at one thread, half and all of the cores, and keeps the fastest. On a quiet 2-core
+machine two threads ran the mlp 1.2x and the agn-mlp 1.7x faster than one; beside two busy processes
+one thread ran the mlp 2.6x faster than two (a thread waits at every barrier for a descheduled peer;
+docs/performance.md, "Threads under load"). Measuring on a quiet machine only cost time: the agn-mlp
+at M = 40 ran 4 of its 47 messages at one thread, 18.9 s against 17.1 s at two.
 """
 from __future__ import annotations
 
@@ -50,7 +52,6 @@ STRICT = 0x10000   # MKL_CBWR_STRICT, or-ed into a branch
 BRANCHES = {0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
             8: "SSE4_2", 9: "AVX", 10: "AVX2", 12: "AVX512", 13: "AVX512_E1", 14: "AVX512_E2"}
 ENV = "MKL_CBWR"
-DEFAULT = "AUTO,STRICT"
 
 
 def _mkl():
@@ -91,29 +92,57 @@ def make_strict() -> bool:
     return set_((branch if branch >= 2 else 2) | STRICT) == 0 and bool(get(-1) & STRICT)
 
 
+PRESSURE = "/proc/pressure/cpu"   # Linux's CPU pressure (PSI): how long runnable threads waited for a core
+CONTENDED = 0.25                  # ... for this share of a window or more: another process wants the cores
+
+
+def cpu_stall_seconds() -> float | None:
+    """Seconds, since boot, in which some runnable thread of this machine waited for a core (PSI's
+    cumulative "some" total); None where the kernel does not say (not Linux, or PSI off)."""
+    try:
+        with open(PRESSURE, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("some "):
+                    return int(line.rsplit("total=", 1)[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
 class ThreadGovernor:
     """torch's intra-op threads for a computation whose bits do not depend on them.
 
-    ``threads`` fixed (an int) stays. ``None`` measures: it runs ``trial_s`` seconds at each candidate
-    count (1, half the cores, all of them: the count torch started with), then holds the fastest (the
-    most messages a second) for ``hold_s`` seconds, and measures again. The load average cannot decide
-    this: it lags by a minute and counts this process's own threads. ``tick()`` once per message."""
+    ``threads`` fixed (an int) stays. ``None`` runs at all the cores (the count torch started with, as
+    OMP_NUM_THREADS set to the core count would) as long as no other process wants them: a thread waits
+    at every barrier for a descheduled peer, so on a busy machine fewer threads can run faster. At the
+    end of each window at all the cores (``trial_s`` seconds for the first, then ``hold_s``), the
+    kernel's CPU pressure says whether runnable threads waited for a core in it (``stall``: seconds
+    since boot, or None where unknown, which counts as waiting). If they did, it measures: ``trial_s``
+    seconds at each other candidate count (1, half the cores), then holds the fastest (the most messages
+    a second) for ``hold_s`` seconds, and measures again. The load average cannot decide this: it lags
+    by a minute and counts this process's own threads. ``tick()`` once per message."""
 
-    def __init__(self, threads: int | None, trial_s: float = 1.0, hold_s: float = 20.0):
+    def __init__(self, threads: int | None, trial_s: float = 1.0, hold_s: float = 20.0, stall=cpu_stall_seconds):
         self.fixed = threads is not None
         self.max = threads if threads is not None else torch.get_num_threads()
         self.candidates = [self.max] if self.fixed else sorted({1, max(1, self.max // 2), self.max})
-        self.trial_s, self.hold_s = trial_s, hold_s
+        self.trial_s, self.hold_s, self._stall = trial_s, hold_s, stall
         self.messages: dict[int, int] = {}        # messages run at each thread count (summary.json)
         self._rates: dict[int, float] = {}
-        self._queue = list(self.candidates)       # counts still to try in this round
-        self._start(self._queue.pop(0), self.trial_s if len(self.candidates) > 1 else float("inf"))
+        self._queue: list[int] = []               # counts still to try in this round of measurements
+        self._start(self.candidates[-1], self.trial_s if len(self.candidates) > 1 else float("inf"))
 
-    def _start(self, n: int, length: float) -> None:
+    def _start(self, n: int, length: float, trying: bool = False) -> None:
         if n != torch.get_num_threads():
             torch.set_num_threads(n)
-        self.current, self._length = n, length
+        self.current, self._length, self._trying = n, length, trying
         self._t0, self._count = None, 0   # the clock starts at the next message: set-up time is not its
+        self._stall0 = self._stall()
+
+    def _contended(self, elapsed: float) -> bool:
+        """Whether some thread of this machine waited for a core in the window just ended (unknown: yes)."""
+        now = self._stall()
+        return now is None or self._stall0 is None or now - self._stall0 >= CONTENDED * elapsed
 
     def tick(self) -> None:
         """One message done."""
@@ -125,23 +154,24 @@ class ThreadGovernor:
         elapsed = time.perf_counter() - self._t0
         if elapsed < self._length or self._count < 3:
             return
-        if self._queue:                                   # trying the candidates
-            self._rates[self.current] = self._count / elapsed
-            self._start(self._queue.pop(0), self.trial_s)
-        elif self._length == self.trial_s:                # the last trial ended: hold the fastest
-            self._rates[self.current] = self._count / elapsed
-            self._start(max(self._rates, key=self._rates.get), self.hold_s)
-        else:                                             # measure again: the load may have changed
-            self._rates.clear()
+        rate = self._count / elapsed
+        if self._trying:                                  # a trial ended: the next, or hold the fastest
+            self._rates[self.current] = rate
+            if self._queue:
+                self._start(self._queue.pop(0), self.trial_s, trying=True)
+            else:
+                self._start(max(self._rates, key=self._rates.get), self.hold_s)
+        elif self.current == self.candidates[-1] and not self._contended(elapsed):   # all cores, no one else wants them
+            self._start(self.current, self.hold_s)
+        else:                                             # measure: the load may have changed
+            self._rates = {self.current: rate}
             self._queue = [n for n in self.candidates if n != self.current]
-            self._start(self.current, self.trial_s)
-
+            self._start(self._queue.pop(0), self.trial_s, trying=True)
 
     def restrict(self, counts: list[int]) -> None:
         """Keep only ``counts`` (those that give the bits of one thread); before the first message."""
-        kept = [n for n in self.candidates if n in counts] or [1]
-        self.candidates, self._queue = kept, list(kept)
-        self._start(self._queue.pop(0), self.trial_s if len(kept) > 1 else float("inf"))
+        self.candidates = [n for n in self.candidates if n in counts] or [1]
+        self._start(self.candidates[-1], self.trial_s if len(self.candidates) > 1 else float("inf"))
 
 
 def agreeing_counts(step, counts: list[int]) -> list[int]:

@@ -128,8 +128,9 @@ def test_the_governor_keeps_the_faster_thread_count(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads["n"])
     monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.update(n=n))
     seconds_per_message = {1: 0.01, 2: 0.02, 4: 0.05}   # a busy machine: one thread is fastest
-    gov = numerics.ThreadGovernor(None, trial_s=1.0, hold_s=10.0)
-    assert gov.candidates == [1, 2, 4] and gov.current == 1
+    waited = lambda: clock.t   # noqa: E731  (another process waits for a core all the time)
+    gov = numerics.ThreadGovernor(None, trial_s=1.0, hold_s=10.0, stall=waited)
+    assert gov.candidates == [1, 2, 4] and gov.current == 4
     seen = []
     for _ in range(3000):
         clock.t += seconds_per_message[gov.current]

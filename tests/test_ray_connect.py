@@ -182,16 +182,17 @@ def test_rays_token_notice_at_init_goes_to_the_sessions_logs_not_the_terminal(tm
 
     from ray._private.authentication import authentication_token_setup as auth
     calls, seen = [], []
+    (tmp_path / "session_1" / "logs").mkdir(parents=True)
+    context = SimpleNamespace(get_temp_dir=lambda: str(tmp_path), get_session_name=lambda: "session_1")
     fake = SimpleNamespace(init=lambda **kw: (calls.append(kw), auth._warn_token_auth_enabled()),
-                           _private=SimpleNamespace(worker=SimpleNamespace(_global_node=SimpleNamespace(
-                               get_logs_dir_path=lambda: str(tmp_path)))))
+                           get_runtime_context=lambda: context)
     beside_rays = logging.Handler()   # where Ray's own handler sits
     beside_rays.emit = lambda record: seen.append(record.getMessage())
     logging.getLogger("ray").addHandler(beside_rays)
     try:
         connect.init_quietly(fake, address="local", num_cpus=1)
         assert calls == [{"address": "local", "num_cpus": 1}] and seen == []
-        log = (tmp_path / "stalegrad-ray-errors.log").read_text()
+        log = (tmp_path / "session_1" / "logs" / "stalegrad-ray-errors.log").read_text()
         assert "(WARNING) Token authentication is enabled for this Ray cluster" in log
         auth._warn_token_auth_enabled()   # afterwards the logger is as it was
         assert len(seen) == 1 and seen[0].startswith("Token authentication is enabled")

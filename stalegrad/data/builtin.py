@@ -19,8 +19,8 @@ def _bundled_digits():
     """(images (1797, 64), labels) as scikit-learn's ``load_digits(return_X_y=True)`` returns them.
 
     Read from the file scikit-learn bundles, as its loader reads it, without importing scikit-learn:
-    that import (scipy.stats with it) cost 1.5 s of every run's start, and a grid starts a run per cell
-    (issue 33). Where that file is not found (another layout), scikit-learn's own loader reads it."""
+    that import (scipy.stats with it) cost 1.5 s of every run's start, and a grid starts a run per cell.
+    Where that file is not found (another layout), scikit-learn's own loader reads it."""
     try:
         spec = importlib.util.find_spec("sklearn")
     except (ImportError, ValueError):

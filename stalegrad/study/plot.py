@@ -55,8 +55,8 @@ def tau_bins(histogram: dict) -> tuple[list[float], list[float]]:
 def figure(runs: list[dict], x: str = "virtual_s", y: str = "test_acc", staleness: bool = True,
            title: str | None = None):
     """The matplotlib figure of ``plot_runs`` for runs read with ``read_run``."""
-    from .report_plots import _pyplot
-    plt = _pyplot()
+    from .report_plots import pyplot
+    plt = pyplot()
     names = labels(runs)
     cols = 2 if staleness else 1
     fig, axes = plt.subplots(1, cols, figsize=(6.5 * cols, 4.2), squeeze=False)
@@ -96,8 +96,8 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "virtual_s",
         raise PlotError(f"--x {x!r}: choose one of {', '.join(X_AXES)}")
     if y not in Y_AXES:
         raise PlotError(f"--y {y!r}: choose one of {', '.join(Y_AXES)}")
-    from .report_plots import _pyplot
-    plt = _pyplot()
+    from .report_plots import pyplot
+    plt = pyplot()
     if plt is None:
         raise PlotError("plotting needs matplotlib: pip install 'matplotlib>=3.7'")
     kind = Path(out).suffix.lower().lstrip(".") or "png"   # (no suffix: a PNG, matplotlib's default)

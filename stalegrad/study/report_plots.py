@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..run.progress import count
+from .report_curves import place_legend
 
 PLOTS = {   # name: (file, caption)
     "accuracy": ("accuracy.png", "Test accuracy against epochs, wall time and virtual time: the mean over seeds, "
@@ -76,7 +77,8 @@ def choose_heatmap_axes(axes: dict, requested: str | None) -> tuple[tuple[str, s
 
 # ---------------------------------------------------------------- figures
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, or None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -86,7 +88,8 @@ def _pyplot():
     return plt
 
 
-def _colors(plt, n: int):
+def palette(plt, n: int):
+    """``n`` distinct colours: tab10, or tab20 for more than ten lines."""
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
     return [cmap(i % cmap.N) for i in range(n)]
 
@@ -99,7 +102,7 @@ def _setting(pairs) -> str:
 def _accuracy(plt, groups, report, path) -> str:
     import numpy as np
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
-    colors = _colors(plt, len(groups))
+    colors = palette(plt, len(groups))
     for ax, x in zip(axes, ("epoch", "wall_s", "virtual_s")):
         for color, g in zip(colors, groups):
             curves = []
@@ -122,7 +125,7 @@ def _accuracy(plt, groups, report, path) -> str:
         ax.set_xlabel({"epoch": "epochs", "wall_s": "wall time (s)", "virtual_s": "virtual time (s)"}[x])
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7 if len(groups) > 8 else 9)
+    place_legend(fig, axes[-1], fontsize=7 if len(groups) > 8 else 9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -144,7 +147,7 @@ def _staleness(plt, groups, report, path) -> str:
     cols = min(4, len(hists))
     rows = math.ceil(len(hists) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    for ax, color, (g, h) in zip(axes.flat, _colors(plt, len(groups)), hists):
+    for ax, color, (g, h) in zip(axes.flat, palette(plt, len(groups)), hists):
         taus, total = sorted(h), sum(h.values())
         ax.bar(taus, [h[t] / total for t in taus], width=0.8, color=color)
         ax.set_title(f"{g['label']}\ntau mean {cell(g['tau_mean'], '.2f')}, max {max(taus)}", fontsize=8)
@@ -219,7 +222,7 @@ def _workers(plt, groups, report, path) -> str:
     if not many:
         return "no algorithm was run with more than one number of workers under the same other settings"
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    colors = _colors(plt, len(series))
+    colors = palette(plt, len(series))
     counts = set()
     for color, (key, gs) in zip(colors, series.items()):
         gs = sorted(gs, key=lambda g: g["key"]["workers"])
@@ -238,7 +241,7 @@ def _workers(plt, groups, report, path) -> str:
     ax.set_xlabel("workers")
     ax.set_ylabel("final test accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    place_legend(fig, ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -248,7 +251,7 @@ def _workers(plt, groups, report, path) -> str:
 def make_plots(groups: list[dict], report: dict, out: Path, heat_axes, heat_why: str) -> tuple[dict, dict]:
     """Draw every figure that the data allows into ``out``: ({name: file}, {name: why it was skipped}; the
     caller removes a skipped figure's file, ``PLOTS[name][0]``, left by an earlier report)."""
-    plt = _pyplot()
+    plt = pyplot()
     made, skipped = {}, {}
     for name, draw in (("accuracy", _accuracy), ("staleness", _staleness), ("heatmap", _heatmap),
                        ("workers", _workers)):
@@ -268,7 +271,8 @@ def make_plots(groups: list[dict], report: dict, out: Path, heat_axes, heat_why:
 
 # ---------------------------------------------------------------- report.md
 
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table, and an empty line after it."""
     return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|",
             *("| " + " | ".join(r) + " |" for r in rows), ""]
 
@@ -309,16 +313,17 @@ def render(rep: dict, after_time=()) -> str:
               for a, ps in own.items()]
     if params:
         out[-2:-2] = ["**Parameters of single algorithms:** " + "; ".join(params) + ".", ""]
-    out += ["## Test accuracy", ""] + _table(
+    out += ["## Test accuracy", ""] + markdown_table(
         ["group", "final test accuracy", "best test accuracy"],
         [[g["label"], cell(g["final_test_acc"]), cell(g["best_test_acc"])] for g in groups])
     t = rep["target"]
     out += [f"## Time to reach test accuracy {t['test_acc']:.4f}", "",
             f"Target: {t['rule']}. Interpolated linearly between evaluations; a mean is over the seeds that "
             "reached the target.", ""]
-    out += _table(["group", "wall s", "virtual s", "samples"],
-                  [[g["label"], *(_time_cell(g["time_to_target"], k) for k in ("wall_s", "virtual_s", "samples"))]
-                   for g in groups])
+    out += markdown_table(["group", "wall s", "virtual s", "samples"],
+                          [[g["label"], *(_time_cell(g["time_to_target"], k) for k in ("wall_s", "virtual_s",
+                                                                                      "samples"))]
+                           for g in groups])
     out += list(after_time)
     base, v = rep["baseline"]["algorithm"], rep["variant"]
     out += [f"## Temporal efficiency against {base} (variant: {v['used']})", "",
@@ -337,16 +342,17 @@ def render(rep: dict, after_time=()) -> str:
                 ". The simulated order of messages (and staleness) is kept; each run's axis is stretched by its "
                 "algorithm's seconds per virtual second. Column 'E central' is the central variant (the central "
                 "model's test accuracy over virtual time), beside it.", ""]
-        out += _table(["group", "W", "step s", "commit s", "s per commit", "E (modelled)", "E central", "against"],
-                      [[g["label"], str(g["modelled"]["window"]), f"{g['modelled']['step_s']:.5f}",
-                        f"{g['modelled']['commit_s']:.5f}", f"{g['modelled']['seconds_per_commit']:.4f}",
-                        cell(g["temporal_efficiency"]), cell(g["temporal_efficiency_central"]),
-                        g["temporal_efficiency"]["baseline_group"]] for g in groups])
+        out += markdown_table(["group", "W", "step s", "commit s", "s per commit", "E (modelled)", "E central",
+                               "against"],
+                              [[g["label"], str(g["modelled"]["window"]), f"{g['modelled']['step_s']:.5f}",
+                                f"{g['modelled']['commit_s']:.5f}", f"{g['modelled']['seconds_per_commit']:.4f}",
+                                cell(g["temporal_efficiency"]), cell(g["temporal_efficiency_central"]),
+                                g["temporal_efficiency"]["baseline_group"]] for g in groups])
     else:
-        out += _table(["group", "E", "against"],
-                      [[g["label"], cell(g["temporal_efficiency"]), g["temporal_efficiency"]["baseline_group"]]
-                       for g in groups])
-    out += ["## Staleness and NaN/Inf updates", ""] + _table(
+        out += markdown_table(["group", "E", "against"],
+                              [[g["label"], cell(g["temporal_efficiency"]), g["temporal_efficiency"]["baseline_group"]]
+                               for g in groups])
+    out += ["## Staleness and NaN/Inf updates", ""] + markdown_table(
         ["group", "tau mean", "tau max", "NaN/Inf updates skipped", "diverged runs"],
         [[g["label"], cell(g["tau_mean"], ".2f"), cell(g["tau_max"], ".1f"), cell(g["nonfinite_skipped"], ".1f"),
           f"{len(g['diverged'])} of {len(g['runs'])}"] for g in groups])
@@ -360,12 +366,12 @@ def render(rep: dict, after_time=()) -> str:
                 "mean best test accuracy: chosen on TEST accuracy, a description of the sweep, not a valid "
                 "selection (the protocol section selects on validation accuracy).", ""]
         shared_head = f"best / final test acc at lr {shared:g}" if shared is not None else "at a shared lr"
-        out += _table(["algorithm and settings", "learning rates", "best lr", "its best test acc",
-                       "its final test acc", shared_head],
-                      [[r["setting"], ", ".join(map(fmt_value, r["lrs"])), fmt_value(r["best_lr"]),
-                        cell(r["best_test_acc"]), cell(r["final_test_acc"]),
-                        f"{cell(r['shared_lr_test_acc'])} / {cell(r['shared_lr_final_acc'])}"
-                        if r["shared_lr_test_acc"] else "none"] for r in sweep["rows"]])
+        out += markdown_table(["algorithm and settings", "learning rates", "best lr", "its best test acc",
+                               "its final test acc", shared_head],
+                              [[r["setting"], ", ".join(map(fmt_value, r["lrs"])), fmt_value(r["best_lr"]),
+                                cell(r["best_test_acc"]), cell(r["final_test_acc"]),
+                                f"{cell(r['shared_lr_test_acc'])} / {cell(r['shared_lr_final_acc'])}"
+                                if r["shared_lr_test_acc"] else "none"] for r in sweep["rows"]])
     else:
         out += [f"No learning-rate sweep: {sweep['why_none']}.", ""]
     out += ["## Plots", ""]

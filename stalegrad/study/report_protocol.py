@@ -1,5 +1,5 @@
 """The report's protocol section: selection on validation accuracy, reporting on other seeds, intervals
-and verdicts (issue 18). The statistic and the edge check are ``selection.py``, the intervals and the
+and verdicts. The statistic and the edge check are ``selection.py``, the intervals and the
 verdict rule ``stats.py``; this module only gathers the runs' figures and writes the section.
 
 The protocol (``spec``, from a grid's ``[protocol]`` table or ``stalegrad report``'s flags):

@@ -1,7 +1,8 @@
-"""Time to a target accuracy with the runs that never reach it counted (issue 41): per group and
-accuracy (test; validation too where the runs have it, ``--val-split``), the runs that reached the target
-and those censored at their last evaluation, the median and mean ± std of the times reached, and the
-Kaplan–Meier median over all of them; and the figure of accuracy over time, a band over seeds.
+"""Time to a target accuracy with the runs that never reach it counted (leaving them out would flatter
+the groups that fail most): per group and accuracy (test; validation too where the runs have it,
+``--val-split``), the runs that reached the target and those censored at their last evaluation, the median
+and mean ± std of the times reached, and the Kaplan–Meier median over all of them; and the figure of
+accuracy over time, a band over seeds.
 
 The clock is the run's own: virtual seconds for the simulator (``virtual_s``), wall seconds for the real
 runtimes, local and Ray (``wall_s``). A crossing is interpolated linearly between the two evaluations
@@ -15,7 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from .report_curves import TIMES, time_to_target
-from .report_plots import _colors, _pyplot, _table, cell
+from .report_plots import cell, markdown_table, palette, pyplot
 
 ACCURACIES = {"test_acc": "test", "val_acc": "validation"}
 CLOCKS = {"virtual_s": "virtual s", "wall_s": "wall s"}
@@ -173,13 +174,13 @@ def plot_target(groups: list[dict], target: float, out: Path) -> dict:
     """Draw ``FILE`` into ``out``: per group, the mean accuracy over seeds against the run's clock (a step)
     with the band from the lowest to the highest seed, the target a dashed line. {"file", "panels": [{clock,
     accuracy}]}, or {"file": None, "why": ...} (the caller removes a stale file)."""
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return {"file": None, "why": "matplotlib is not installed (pip install 'matplotlib>=3.7')"}
     from matplotlib.lines import Line2D
     panels = _panels(groups)
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.8), squeeze=False)
-    colors = dict(zip(map(id, groups), _colors(plt, len(groups))))
+    colors = dict(zip(map(id, groups), palette(plt, len(groups))))
     handles = []
     for ax, p in zip(axes[0], panels):
         for g in p["groups"]:
@@ -246,10 +247,11 @@ def render_target(t: dict) -> list[str]:
            "that reached the target only; 'KM median' is the Kaplan–Meier median over all of them, "
            "right-censored at each run's last evaluation, '> T' when the estimate stays above one half up to "
            "T, the last time observed (the median itself is censored).", ""]
-    out += _table(["group", "accuracy", "clock", "runs", "reached", "median", "mean ± std", "KM median", "censored"],
-                  [[r["group"], ACCURACIES[r["accuracy"]], CLOCKS[r["clock"]], str(r["n"]), str(r["reached"]),
-                    fmt_time(r["median_reached"]) if r["reached"] else "n/a", cell(r["time_reached"], "sig"),
-                    km_cell(r), censored_cell(r)] for r in t["rows"]])
+    out += markdown_table(["group", "accuracy", "clock", "runs", "reached", "median", "mean ± std", "KM median",
+                           "censored"],
+                          [[r["group"], ACCURACIES[r["accuracy"]], CLOCKS[r["clock"]], str(r["n"]), str(r["reached"]),
+                            fmt_time(r["median_reached"]) if r["reached"] else "n/a", cell(r["time_reached"], "sig"),
+                            km_cell(r), censored_cell(r)] for r in t["rows"]])
     missing = [f"{r['group']} ({r['without']} of {r['n'] + r['without']})" for r in t["rows"]
                if r["accuracy"] == "val_acc" and r["without"]]
     if missing:

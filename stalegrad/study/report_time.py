@@ -1,4 +1,4 @@
-"""The report's modelled cluster time (``stalegrad report --time-model FILE``, issue 18 item 5).
+"""The report's modelled cluster time (``stalegrad report --time-model FILE``).
 
 Hermans et al.'s temporal efficiency integrates the *workers' training accuracy* over the *cluster's
 wall time*. The simulator's virtual time gives every algorithm the same speed; its wall time is one
@@ -62,7 +62,6 @@ from ..run.metrics import temporal_efficiency
 FORMAT = "stalegrad-time-model/1"
 WINDOWS = 20               # windows of modelled time over the shorter run of a pair, at most
 MESSAGES_PER_WINDOW = 4    # ... and at least this many messages of the sparser run per window on average
-EXACT_DELAYS = ("round-robin", "uniform")
 MEAN_ONE_DELAYS = ("round-robin", "uniform", "gamma", "exponential", "trace")
 MATCH_KEYS = ("window", "workers")
 

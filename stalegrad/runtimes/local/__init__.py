@@ -21,6 +21,7 @@ The files, one concern each (none imports this one):
 
 - ``protocol``: the messages in both directions and the shared-memory layout;
 - ``processes``: start methods, what each child does first, exit reasons;
+- ``main_module``: whether the children can import the script that started the run;
 - ``child``: the worker process; ``evaluator``: the evaluator process and
   its server side;
 - ``session``: the server loop; ``cut``: its checkpoints as a consistent cut; ``stats``: latencies,
@@ -36,10 +37,11 @@ from ...core.pacing import profile_description
 from ...errors import ConfigError, check_finite_positive
 from ...errors import check_writable
 from ..base import Training
+from .main_module import check_main_script
 from .processes import (START_METHODS, available_memory, check_start_method, cores, default_start_method,
                         default_threads)
 from .protocol import WorkerError
-from .session import _Session
+from .session import Session
 
 
 @dataclass
@@ -84,6 +86,7 @@ class LocalRuntime:
 
     def check(self, config) -> None:
         """Refuse options that cannot work for this run (before anything is written)."""
+        check_main_script()
         check_workers(config.workers)
         pacing.check_run(self.delay, self.step_time, config)
         if self.record_trace is not None:
@@ -101,7 +104,7 @@ class LocalRuntime:
         if resume is not None and resume.get("kind") != "local":
             raise ConfigError("runtime", "is local, but the checkpoint was made by another runtime; "
                                          "resume it with that runtime")
-        _Session(self, training, resume, seed).execute()
+        Session(self, training, resume, seed).execute()
 
 
 # What one worker process costs: its own interpreter and PyTorch (about 300 MB resident), and threads.

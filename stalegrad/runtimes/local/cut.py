@@ -1,4 +1,4 @@
-"""A checkpoint of the local runtime as a consistent cut (a mixin of ``session._Session``).
+"""A checkpoint of the local runtime as a consistent cut (a mixin of ``session.Session``).
 
 Each worker is held after its next push (workers parked in a synchronous round at once) and reports its
 ``Worker.state_dict()``; when every live worker is held, the server saves the run with their states, then

@@ -1,6 +1,6 @@
 """Test-set evaluation in its own process, so that the server never waits for it.
 
-``evaluator_main`` is the process; ``_Evaluator`` its server side, which
+``evaluator_main`` is the process; ``ProcessEvaluator`` its server side, which
 implements ``runtimes.base.Evaluator``: ``TrainingRun.evaluate`` hands it
 snapshots of the weights, and it completes their records in order.
 """
@@ -53,7 +53,7 @@ def evaluator_main(blob: bytes, device: str, threads: int, x: Tensor, y: Tensor,
 Complete = Callable[[dict, float, float], None]
 
 
-class _Evaluator:
+class ProcessEvaluator:
     """The server's side of the evaluator process (``runtimes.base.Evaluator``): FIFO.
 
     ``bn`` is the shared vector of the workers' BatchNorm statistics, snapshot

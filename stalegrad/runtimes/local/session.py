@@ -28,7 +28,7 @@ from ...errors import ConfigError
 from ..base import Training
 from .child import worker_main
 from .cut import ConsistentCut
-from .evaluator import _Evaluator
+from .evaluator import ProcessEvaluator
 from .processes import context, cores, default_threads, describe_exit
 from .protocol import (ADOPT, ERROR, METERS_WIDTH, OK, PULL, PUSH, READY, RESTORE, STATE, STOP, WEIGHTS, Buffers,
                        WorkerError, pacing_figures, shared, zeros)
@@ -38,7 +38,7 @@ from .stats import Measurements
 STARTUP_GRACE = 60.0
 
 
-class _Session(ConsistentCut):
+class Session(ConsistentCut):
     """One run of the local runtime (``LocalRuntime.run``): start, serve, stop."""
 
     def __init__(self, runtime, training: Training, resume: dict | None, seed: int = 0):
@@ -71,7 +71,7 @@ class _Session(ConsistentCut):
         self.asked = [0] * M                      # ("state",) requests not answered yet
         self.states: dict[int, dict] = {}
         self.final_saved = False
-        self.evaluator: _Evaluator | None = None
+        self.evaluator: ProcessEvaluator | None = None
         self.adopt: dict[int, list] = {m: [] for m in range(M)}   # shard parts to send before the next message
         self.pools = None                         # each worker's shard, for reassigning a lost one's
         if self.factory.partition != "iid":
@@ -168,9 +168,10 @@ class _Session(ConsistentCut):
             child.close()
             self.live.add(m)
             self.rt.pids["workers"][m] = proc.pid
-        self.evaluator = _Evaluator(ctx, blob=blob, device=device, threads=self.threads,
-                                    test_x=shared(training.test_data.x), test_y=shared(training.test_data.y),
-                                    bn=self.bn, model=self.factory.model, test=training.test_data, note=self.note)
+        self.evaluator = ProcessEvaluator(ctx, blob=blob, device=device, threads=self.threads,
+                                          test_x=shared(training.test_data.x), test_y=shared(training.test_data.y),
+                                          bn=self.bn, model=self.factory.model, test=training.test_data,
+                                          note=self.note)
         self.rt.pids["evaluator"] = self.evaluator.proc.pid
         self.measure.started_at = self.now()
 

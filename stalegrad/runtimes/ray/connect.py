@@ -178,13 +178,7 @@ def placement_problem(nodes: list[dict], workers: int, shards: int, worker_reque
 def divert_ray_errors(log_dir: str | None):
     """Send the error messages Ray publishes to the driver ("Raylet is terminated ... Last 20 lines",
     "(raylet) A worker died ...") to ``log_dir``/stalegrad-ray-errors.log instead of the terminal;
-    ``log_to_driver=False`` does not stop them (Ray prints them from its error listener thread through
-    ``ray._private.worker.print_to_stdstream``). Returns a function that puts Ray's printer back."""
-    try:
-        from ray._private import worker as ray_worker
-        original = ray_worker.print_to_stdstream
-    except (ImportError, AttributeError):   # another Ray: nothing to divert
-        return lambda: None
+    ``log_to_driver=False`` does not stop them. Returns a function that puts Ray's printer back."""
     path = os.path.join(log_dir, "stalegrad-ray-errors.log") if log_dir else None
 
     def to_file(data, ignore_prefix=False):
@@ -196,10 +190,26 @@ def divert_ray_errors(log_dir: str | None):
                     f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ({data.get('pid', '?')}) {line}\n")
         except OSError:
             pass
-    ray_worker.print_to_stdstream = to_file
+    return replace_ray_error_printer(to_file)
+
+
+def replace_ray_error_printer(printer):
+    """Make ``printer`` the function through which Ray prints what it publishes to the driver; returns the
+    function that puts Ray's own back.
+
+    Ray has no public setting for this: its error listener thread calls the module-level function
+    ``ray._private.worker.print_to_stdstream`` by name, so only replacing that name reaches it. Where a
+    Ray release moves or renames it, nothing is replaced and Ray's messages reach the terminal, as they
+    would without stalegrad: a noisier run, never a failed one."""
+    try:
+        from ray._private import worker as ray_worker
+        original = ray_worker.print_to_stdstream
+    except (ImportError, AttributeError):
+        return lambda: None
+    ray_worker.print_to_stdstream = printer
 
     def restore():
-        if ray_worker.print_to_stdstream is to_file:
+        if ray_worker.print_to_stdstream is printer:
             ray_worker.print_to_stdstream = original
     return restore
 
@@ -207,7 +217,8 @@ def divert_ray_errors(log_dir: str | None):
 # Ray's notices at ray.init, printed by the handler Ray puts on its "ray" logger when imported, whatever
 # configure_logging says: "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled
 # ..." on every local instance started with RAY_AUTH_MODE unset (Ray then turns tokens on itself), and on
-# joining a cluster with a token file here; "... is disabled ..." likewise.
+# joining a cluster with a token file here; "... is disabled ..." likewise. A logger's name, not an import:
+# where Ray renames the module, the notices reach the terminal again and nothing fails.
 TOKEN_NOTICES = "ray._private.authentication.authentication_token_setup"
 
 
@@ -243,11 +254,14 @@ def init_quietly(ray, **kwargs) -> None:
 
 
 def session_logs(ray) -> str | None:
-    """The logs directory of this driver's Ray session (None where Ray does not say)."""
+    """The logs directory of this driver's Ray session, TEMP_DIR/SESSION_NAME/logs as Ray documents it
+    (None where this Ray does not say, or the directory is not there)."""
     try:
-        return ray._private.worker._global_node.get_logs_dir_path()
-    except Exception:
+        context = ray.get_runtime_context()
+        path = os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+    except Exception:   # an older Ray without these, or not initialised: no logs directory, not an error
         return None
+    return path if os.path.isdir(path) else None
 
 
 def room_for(ray, request: dict) -> bool:
