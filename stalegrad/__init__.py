@@ -79,7 +79,7 @@ def __getattr__(name: str):
     return value
 
 
-# Modules that moved into the subpackages (issue 34): their old paths still import, with a
+# Modules that moved into the layers' subpackages (ARCHITECTURE.md): their old paths still import, with a
 # DeprecationWarning, until the next release. The old name is the same module object as the new one.
 MOVED = {old: f"{sub}.{old}" for sub, names in (
     ("core", "server server_checks sharding worker delays probes prober schedules resources"),

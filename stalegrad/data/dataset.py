@@ -27,6 +27,9 @@ class DataError(UsageError):
 
 @dataclass
 class Dataset:
+    """A data set in memory, what every loader returns: ``x`` float32 of shape (N, *input_shape), ``y`` int64
+    class labels of shape (N,), ``num_classes`` and its ``name``. Checked when made (ValueError if the dtypes
+    or shapes do not fit); ``to(device)`` moves a copy."""
     name: str
     x: torch.Tensor          # float32, (N, *input_shape), contiguous
     y: torch.Tensor          # int64, (N,)

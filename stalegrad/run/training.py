@@ -37,6 +37,7 @@ from ..core.worker import FlatModel, WorkerFactory
 
 @dataclass
 class TrainResult:
+    """What ``train`` returns: the records of its run directory, in memory (``docs/run-directories.md``)."""
     metrics: list[dict]
     staleness: dict
     summary: dict

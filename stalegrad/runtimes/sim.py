@@ -24,6 +24,16 @@ PULLS = ("with-push", "separate")
 
 @dataclass
 class Simulator:
+    """The simulated runtime: one process plays the M workers on a virtual clock, each message at the time its
+    worker's speed profile says it finishes, so that a seed fixes the run to the bit (``docs/simulator.md``).
+
+    ``delay``: the speed profile, a ``DelayModel`` or its name (``parse_delay``; default "gamma:2", and
+    "round-robin", "straggler:K", "trace:FILE", ...: ``docs/delays.md``); ``step_time``: virtual seconds of one
+    local step of a speed-1 worker (default 1.0); ``message_time``: median virtual seconds of a message's
+    transport, exponential (default 0.0: none); ``pull``: "with-push" (default: the weights come back with the
+    push) or "separate" (a second request, one transport later; needs ``message_time``); ``vectorised``: the
+    waiting workers' gradients in one batched call (default False; the same run within float rounding, faster
+    for many workers); ``threads``: torch's intra-op threads (default None: the fastest count, measured)."""
     delay: str | DelayModel = DEFAULT_DELAY   # docs/delays.md: measured, not round-robin lockstep
     step_time: float = 1.0   # virtual seconds of one local step of a speed-1 worker
     message_time: float = 0.0  # median virtual seconds of a message's transport (exponential): a real run's

@@ -1,4 +1,4 @@
-"""Intervals that cover at 5-10 seeds (issue 31, item 6). Pure functions, no I/O.
+"""Intervals that cover at 5-10 seeds. Pure functions, no I/O.
 
 The percentile bootstrap of ``stats.bootstrap`` is too narrow at a few seeds: it covers about 87% at
 7 seeds where it claims 95% (``tests/test_intervals.py`` measures it). The t-based intervals here are

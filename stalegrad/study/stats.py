@@ -106,6 +106,7 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def finite(values) -> list[float]:
+    """The finite numbers of ``values``, as floats (None, NaN, Inf, bools and strings left out)."""
     return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
 
 
