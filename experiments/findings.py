@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from findings_rows import (CLASSES, bca_words, control_note, find, finite, load_runs, machine, regime, removed_table,
-                           selections)
+from findings_rows import (CLASSES, Damaged, bca_words, check_inputs, control_note, find, finite, load_runs, machine,
+                           read_input, regime, removed_table, selections)
 from stalegrad.study.intervals import bca
 from stalegrad.study.selection import CHANCE_MARGIN, run_failure
 from stalegrad.study.stats import holm, paired_t, t_interval
@@ -305,11 +305,14 @@ def dc7_runs(plan: dict, runs: dict, claim_id: str = "DC7") -> dict:
 
 
 def render(root: Path) -> str:
-    plan = tomllib.loads((root / "experiments/confirm/claims.toml").read_text())
+    paths = {"claims": root / "experiments/confirm/claims.toml",
+             "descriptive": root / "experiments/confirm/descriptive.toml",
+             "registration": root / "docs/results/confirm/registration.toml"}
+    plan, extra, record = (read_input(path, "toml") for path in paths.values())
+    check_inputs(plan, extra, record, paths)
     if not math.isclose(1 / CLASSES + CHANCE_MARGIN, plan["rules"]["failed_at_most"]):   # the registered rule
-        sys.exit("findings.py: selection.run_failure's chance threshold is not the plan's failed_at_most")
-    extra = tomllib.loads((root / "experiments/confirm/descriptive.toml").read_text())
-    record = tomllib.loads((root / "docs/results/confirm/registration.toml").read_text())
+        raise Damaged(f"{paths['claims']}: failed_at_most is not selection.run_failure's chance threshold, "
+                      f"{1 / CLASSES + CHANCE_MARGIN:g}")
     runs = load_runs(root)
     cells, agree = thesis_cells(plan, runs, "agn_thesis_layout")
     shards, _ = thesis_cells(plan, runs, "agn_shard")
@@ -359,7 +362,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or args.root / "docs/results/FINDINGS.md"
-    out.write_text(render(args.root))
+    try:
+        page = render(args.root)
+    except Damaged as e:   # an input that cannot be read or lacks what the page reads: one line, nothing written
+        print(f"findings.py: {e}", file=sys.stderr)
+        return 2
+    out.write_text(page)
     print(f"wrote {out}")
     return 0
 

@@ -5,12 +5,12 @@ that each correction removes on the committed probes, and the words that name an
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
+from stalegrad.run.files import CONFIG_LIMIT, JSON_LIMIT, JSONL_LIMIT, UnreadableFile, read_parsed
+from stalegrad.run.results import value_problem
 from stalegrad.study.selection import run_failure
 from stalegrad.study.stats import t_interval
 
@@ -25,23 +25,136 @@ def finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# ---- what the page reads, checked -----------------------------------------------------------------------
+class Damaged(Exception):
+    """An input of the page that cannot be read, or lacks what the page reads: one line naming the file."""
+
+
+def read_input(path: Path, kind: str):
+    """The parsed ``path`` (``kind``: toml, json or jsonl), read by stalegrad's bounded reader; ``Damaged`` if not."""
+    try:
+        return read_parsed(path, {"toml": CONFIG_LIMIT, "json": JSON_LIMIT, "jsonl": JSONL_LIMIT}[kind], kind)
+    except UnreadableFile as e:
+        raise Damaged(f"{path} {e.reason}") from None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+MISSING = object()
+TEXT, NUMBER, TABLE = (lambda v: isinstance(v, str), "a string"), (finite, "a finite number"), \
+    (lambda v: isinstance(v, dict), "a table")
+SIDE = (lambda v: isinstance(v, dict) and isinstance(v.get("grid"), str) and isinstance(v.get("algo", ""), str),
+        'a table naming its grid, e.g. { grid = "dc", algo = "asgd" }')
+CELLS = (lambda v: v == "thesis16" or isinstance(v, list) and all(isinstance(c, dict) for c in v),
+         'a list of tables (the settings of each cell) or "thesis16"')
+KINDS = ("difference", "change", "probe_mean", "probe_share")
+
+
+def need(table: dict, key: str, check: tuple, where: str, optional: bool = False):
+    """``table[key]`` when ``check`` (a test, what it wants) passes; else ``Damaged`` naming ``where`` and ``key``."""
+    value = table.get(key, MISSING)
+    if value is MISSING and optional:
+        return None
+    if value is MISSING:
+        raise Damaged(f"{where}: {key} is missing; it must be {check[1]}")
+    if not check[0](value):
+        raise Damaged(f"{where}: {key} must be {check[1]}, not {value!r:.60}")
+    return value
+
+
+def check_rows(rows, where: str, seeds: dict, claims: bool) -> None:
+    """Each claim (``claims``) or descriptive row: the keys findings.py reads, of the types it reads them as."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise Damaged(f"{where}: each {'[[claim]]' if claims else '[[row]]'} must be a table")
+    for i, row in enumerate(rows, 1):
+        named = f" ({row['id']})" if isinstance(row.get("id"), str) else ""
+        at = f"{where}: {'claim' if claims else 'row'} {i}{named}"
+        for key in ("id", "question", "text", "paper") if claims else ("text",):
+            need(row, key, TEXT, at)
+        need(row, "seeds", (lambda v: v in seeds, f"the name of a seed list in [seeds] ({', '.join(seeds)})"), at)
+        need(row, "a", SIDE, at)
+        need(row, "b", SIDE, at, optional=True)
+        need(row, "cells", CELLS, at)
+        kind = need(row, "kind", (lambda v: v in KINDS, f"one of {', '.join(KINDS)}"), at, optional=True)
+        if claims:
+            need(row, "direction", (lambda v: v in (-1, 0, 1) and not isinstance(v, bool), "-1, 0 or 1"), at)
+            need(row, "deviations", TEXT, at, optional=True)
+            for key in ("margin", "failed"):
+                need(row, key, NUMBER, at, optional=key == "margin" or not (kind or "").startswith("probe"))
+            for key in ("field", "than"):
+                need(row, key, TEXT, at, optional=key == "than" or not (kind or "").startswith("probe"))
+        for end in ("from", "to"):
+            need(row, end, TABLE, at, optional=kind != "change")
+
+
+def check_inputs(plan: dict, extra: dict, record: dict, paths: dict) -> None:
+    """``Damaged`` (one line) when claims.toml, descriptive.toml or registration.toml lack what the page reads or
+    hold it as another type (a rate as a string, a seed list of names, a claim naming a seed list not there)."""
+    where = str(paths["claims"])
+    rules = need(plan, "rules", TABLE, where)
+    for key in ("alpha", "level", "chance", "failed_at_most"):
+        need(rules, key, NUMBER, f"{where}: [rules]")
+    seeds = need(plan, "seeds", TABLE, where)
+    for name, values in seeds.items():
+        need(seeds, name, (lambda v: isinstance(v, list) and all(map(_is_int, v)), "a list of integer seeds"),
+             f"{where}: [seeds]")
+    check_rows(need(plan, "claim", (lambda v: isinstance(v, list), "a list of [[claim]] tables"), where), where,
+               seeds, claims=True)
+    need(need(plan, "thesis", TABLE, where), "cells", (lambda v: isinstance(v, list) and all(
+        isinstance(c, list) and len(c) == 4 and all(map(finite, c)) for c in v),
+        "a list of [workers, window, AGN's accuracy, AEASGD's accuracy]"), f"{where}: [thesis]")
+    where = str(paths["descriptive"])
+    check_rows(extra.get("row", []), where, seeds, claims=False)
+    if (spec := need(extra, "closure", TABLE, where, optional=True)) is not None:
+        need(spec, "text", TEXT, f"{where}: [closure]")
+        need(spec, "seeds", (lambda v: v in seeds, "the name of a seed list in [seeds]"), f"{where}: [closure]")
+        for key in ("method", "baseline", "target"):
+            need(spec, key, SIDE, f"{where}: [closure]")
+    where = str(paths["registration"])
+    for key in ("commit", "date"):
+        need(record, key, TEXT, where)
+    need(record, "change", (lambda v: isinstance(v, list) and all(
+        isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("commit", "date", "why")) for c in v),
+        "a list of [[change]] tables, each with its commit, date and why"), where, optional=True)
+
+
 # ---- the runs ------------------------------------------------------------------------------------------
+def read_run(cell: Path) -> tuple[dict, dict, list | None]:
+    """A committed run's config.json, summary.json and probes (None without probes.jsonl), each checked for what the
+    page reads of it; ``Damaged`` naming the file and its problem."""
+    config, summary = read_input(cell / "config.json", "json"), read_input(cell / "summary.json", "json")
+    if not (isinstance(config, dict) and isinstance(config.get("algorithm"), dict)
+            and isinstance(config["algorithm"].get("name"), str) and _is_int(config.get("seed"))):
+        raise Damaged(f"{cell / 'config.json'} is not a run's configuration (an algorithm's name and an integer seed)")
+    if not isinstance(config.get("runtime", {}), dict) or not isinstance(config.get("numerics", {}), dict):
+        raise Damaged(f"{cell / 'config.json'}: runtime and numerics must be JSON objects")
+    if not isinstance(summary, dict) or "final_test_acc" not in summary:
+        raise Damaged(f"{cell / 'summary.json'} is not a run's summary (a JSON object with final_test_acc)")
+    for key in ("final_test_acc", "final_test_loss", "wall_s"):
+        if (problem := value_problem(key, summary.get(key), nan_ok=True)) is not None:
+            raise Damaged(f"{cell / 'summary.json'}: {problem}")
+    probes = read_input(cell / "probes.jsonl", "jsonl") if (cell / "probes.jsonl").exists() else None
+    if probes is not None and not all(isinstance(p, dict) for p in probes):
+        line = next(i for i, p in enumerate(probes, 1) if not isinstance(p, dict))
+        raise Damaged(f"{cell / 'probes.jsonl'}: record {line} is not a JSON object")
+    return config, summary, probes
+
+
 def load_runs(root: Path) -> dict:
     """{grid: [run]}: each run's settings flattened (``algo``, the algorithm's parameters, the run's options),
     its delay model, its summary and, where it has them, its probes."""
     out: dict = {}
     base = root / "docs/results/confirm/runs"
     for grid in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
-        for cell in sorted(p for p in grid.iterdir() if (p / "summary.json").is_file()):
-            config = json.loads((cell / "config.json").read_text())
+        for cell in sorted(p for p in grid.iterdir() if (p / "summary.json").exists()):
+            config, summary, probes = read_run(cell)
             algo = config.pop("algorithm")
             flat = {"algo": algo.pop("name"), **algo, **{k: v for k, v in config.items() if not isinstance(v, dict)}}
-            probes = cell / "probes.jsonl"
             out.setdefault(grid.name, []).append({
                 "name": cell.name, "settings": flat, "numerics": config.get("numerics", {}),
-                "delay": config.get("runtime", {}).get("delay"),
-                "summary": json.loads((cell / "summary.json").read_text()),
-                "probes": [json.loads(line) for line in probes.read_text().splitlines()] if probes.is_file() else None})
+                "delay": config.get("runtime", {}).get("delay"), "summary": summary, "probes": probes})
     return out
 
 
@@ -52,7 +165,8 @@ def find(runs: dict, side: dict, cell: dict, seed: int) -> dict | None:
     want.pop("grid", None)
     found = [r for r in runs.get(grid, []) if all(r["settings"].get(k) == v for k, v in want.items())]
     if len(found) > 1:
-        sys.exit(f"findings.py: {len(found)} runs match {grid} {want}: a claim must name one run per seed")
+        raise Damaged(f"{len(found)} runs in docs/results/confirm/runs/{grid} match {want}: a claim must name one "
+                      "run per seed")
     return found[0] if found else None
 
 

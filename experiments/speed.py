@@ -22,7 +22,6 @@ import re
 import subprocess
 import sys
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stalegrad.core.delays import parse_delay                      # noqa: E402
+from stalegrad.run.files import (CONFIG_LIMIT, JSON_LIMIT, JSONL_LIMIT, UnreadableFile,  # noqa: E402
+                                 read_parsed, read_text)
+from stalegrad.run.results import DamagedRun, read_summary          # noqa: E402
 from stalegrad.study.grid import toml_value                       # noqa: E402
 from stalegrad.study.report_curves import time_to_target           # noqa: E402
 from stalegrad.study.selection import run_failure                  # noqa: E402
@@ -42,9 +44,20 @@ TRAIN_SAMPLES = 50000          # Fashion-MNIST's 60,000 training samples less th
 CURVE_KEYS = ("epoch", "samples", "virtual_s", "wall_s", "val_acc", "test_acc")
 
 
+class Damaged(Exception):
+    """An input of a stage or of the page that cannot be read, or lacks what is read of it: one line naming it."""
+
+
+def read_input(path: Path, kind: str):
+    """The parsed ``path`` (``kind``: toml, json or jsonl), read by stalegrad's bounded reader; ``Damaged`` if not."""
+    try:
+        return read_parsed(path, {"toml": CONFIG_LIMIT, "json": JSON_LIMIT, "jsonl": JSONL_LIMIT}[kind], kind)
+    except UnreadableFile as e:
+        raise Damaged(f"{path} {e.reason}") from None
+
+
 def load_plan(path: Path = PLAN) -> dict:
-    with open(path, "rb") as f:
-        return tomllib.load(f)
+    return read_input(path, "toml")
 
 
 # ---------------------------------------------------------------- the clock's horizon and a run's time
@@ -217,14 +230,18 @@ def collect(stage: str) -> None:
         d = RUNS / stage / r["name"]
         if not (d / "summary.json").exists():
             continue
-        summary = json.loads((d / "summary.json").read_text())
+        try:
+            summary = read_summary(d)
+        except DamagedRun as e:
+            raise Damaged(str(e)) from None
         keep = {k: summary.get(k) for k in ("final_test_acc", "final_test_loss", "final_val_acc",
                                             "final_val_loss", "diverged", "wall_s", "virtual_s", "samples",
                                             "updates", "updates_dropped", "tau_mean", "weights_sha256",
                                             "pacing")}
         curve = []
-        for line in (d / "metrics.jsonl").read_text().splitlines():
-            m = json.loads(line)
+        for i, m in enumerate(read_input(d / "metrics.jsonl", "jsonl"), 1):
+            if not isinstance(m, dict):
+                raise Damaged(f"{d / 'metrics.jsonl'}: record {i} is not a JSON object")
             curve.append([m.get(k) for k in CURVE_KEYS])
         lines.append(json.dumps({"name": r["name"], "options": r["options"], "curve": curve, "summary": keep},
                                 sort_keys=True))
@@ -243,7 +260,10 @@ def machine(stage: str) -> dict:
     starts = [p.stat().st_mtime for p in (RUNS / stage / "cells").glob("*.toml")]
     ends = [p.stat().st_mtime for p in (RUNS / stage).glob("*/summary.json")]
     stamp = (lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)))
-    commit = (RUNS / "COMMIT").read_text().strip() if (RUNS / "COMMIT").exists() else None
+    try:   # (a commit's name: a few bytes)
+        commit = read_text(RUNS / "COMMIT", 256).strip() if (RUNS / "COMMIT").exists() else None
+    except UnreadableFile as e:
+        raise Damaged(f"{RUNS / 'COMMIT'} {e.reason}") from None
     return {"cpu": cpu, "cores": os.cpu_count(), "commit": commit,
             "first_start": stamp(min(starts)) if starts else None,
             "last_end": stamp(max(ends)) if ends else None,
@@ -251,10 +271,18 @@ def machine(stage: str) -> dict:
 
 
 def read_runs(stage: str, where: Path = COLLECTED) -> dict:
+    """{name: run} of a stage's collected runs; ``Damaged`` for a line that is not a run as ``collect`` writes it."""
     path = where / f"{stage}.jsonl"
     if not path.exists():
         return {}
-    return {r["name"]: r for r in map(json.loads, path.read_text().splitlines())}
+    runs = read_input(path, "jsonl")
+    for i, r in enumerate(runs, 1):
+        if not (isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("summary"), dict)
+                and isinstance(r.get("curve"), list) and all(isinstance(c, list) and len(c) == len(CURVE_KEYS)
+                                                             for c in r["curve"])):
+            raise Damaged(f"{path}: record {i} is not a collected run (its name, summary and curve of "
+                          f"{', '.join(CURVE_KEYS)})")
+    return {r["name"]: r for r in runs}
 
 
 # ---------------------------------------------------------------- selection (PLAN.md: before any reporting seed)
@@ -304,6 +332,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.action in ("run", "collect") and a.stage is None:
         ap.error(f"{a.action} needs a stage: one of {', '.join(STAGES)}")
+    try:
+        return act(a)
+    except Damaged as e:   # an input that cannot be read: one line, nothing written
+        print(f"speed.py: {e}", file=sys.stderr)
+        return 2
+
+
+def act(a: argparse.Namespace) -> int:
     if a.action == "run":
         return run_stage(a.stage, a.jobs, a.threads, a.match)
     if a.action == "collect":

@@ -6,10 +6,8 @@ regenerates it byte for byte.
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import tomllib
 from pathlib import Path
 
 import speed as S
@@ -319,7 +317,9 @@ def runs_line(stages: dict, where: Path) -> list[str]:
            "(span) |", "|---|---|---|---|---|---|"]
     for st, runs in stages.items():
         m = where / f"{st}.machine.json"
-        info = json.loads(m.read_text()) if m.exists() else {}
+        info = S.read_input(m, "json") if m.exists() else {}
+        if not isinstance(info, dict):
+            raise S.Damaged(f"{m} is not a JSON object (the machine a stage ran on)")
         secs = sum(r["summary"].get("wall_s") or 0 for r in runs.values())
         if not runs:
             out.append(f"| {st} | 0 | 0 | not run | | |")
@@ -332,7 +332,7 @@ def runs_line(stages: dict, where: Path) -> list[str]:
 
 def render(where: Path = S.COLLECTED, plan: dict | None = None, registration: Path = REGISTRATION) -> str:
     plan = S.prepare(plan or S.load_plan())
-    reg = tomllib.loads(registration.read_text())
+    reg = S.read_input(registration, "toml")
     stages = {st: S.read_runs(st, where) for st in S.STAGES}
     sel = S.selection(plan, where)
     claims, _ = claims_table(plan, sel, stages["report"], stages["mechanism"])

@@ -14,7 +14,8 @@ import pytest
 from stalegrad.algorithms import make_algorithm
 from stalegrad.runtimes.ray import INLINE_BYTES
 from stalegrad.runtimes.ray.actors import ShardActor
-from stalegrad.runtimes.ray.channel import MAX_BYTES, ChannelClosed, RemoteError, ShardListener, available, connect
+from stalegrad.runtimes.ray.channel import (MAX_BYTES, ChannelClosed, RemoteError, ShardListener, attempt, available,
+                                           connect)
 from stalegrad.runtimes.ray.ledger import GO, WAIT
 
 pytestmark = pytest.mark.skipif(not available(), reason="abstract Unix sockets are Linux's")
@@ -264,3 +265,24 @@ def test_a_socket_that_never_answers_costs_a_worker_the_deadline_then_ray_calls(
         assert CONNECT_S - 0.2 < time.monotonic() - t < CONNECT_S + 2
     finally:
         server.close()
+
+
+def test_a_worker_is_told_why_a_socket_on_its_machine_did_not_take_it_and_not_where_there_is_none(listener):
+    """What the driver notes once for the run (direct.py): a socket there but not serving, a wrong key; nothing
+    where no socket listens (a worker on another machine makes Ray calls as it should)."""
+    from stalegrad.runtimes.ray.channel import CONNECT_S
+    address, key = listener.channel
+    assert attempt(("\0stalegrad-shard-nobody-listens-here", key)) == (None, None)
+    assert attempt(None) == (None, None)
+    assert within(10, attempt, (address, bytes(32))) == (None, "connected, but the key was refused")
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind("\0stalegrad-test-" + os.urandom(8).hex())
+    silent.listen(1)   # accepted by the kernel, never served: a shard whose accept fails (EMFILE)
+    try:
+        assert within(10, attempt, (silent.getsockname(), key)) == (None, f"connected, but no answer within "
+                                                                          f"{CONNECT_S:g} s")
+    finally:
+        silent.close()
+    conn, problem = attempt(listener.channel)
+    assert problem is None and conn.call("pull", 0, 0) == ("pull", (0, 0))
+    conn.close()

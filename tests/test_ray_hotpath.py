@@ -212,6 +212,37 @@ class Far(RayRuntime):
         return FarDriver(self, training, resume)
 
 
+def starved_shard():
+    """A shard whose socket's accept fails for good as a process out of descriptors does (EMFILE): the kernel
+    queues a worker's connection, and nothing takes it. (Lowering the actor's RLIMIT_NOFILE would starve Ray's
+    own connections to it as well, and the run could not fall back.)"""
+    class Starved(ShardActor):
+        def direct(self, *args):
+            import errno
+            import os
+            import time
+            from stalegrad.runtimes.ray import channel
+            real = channel.Listener
+
+            class Full(real):
+                def accept(self):
+                    time.sleep(0.05)
+                    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+            channel.Listener = Full   # (in this actor's process only)
+            try:
+                return ShardActor.direct(self, *args)
+            finally:
+                channel.Listener = real
+    return Starved
+
+
+class Starved(RayRuntime):
+    def make_driver(self, training, resume):
+        class StarvedDriver(DirectDriver):
+            shard_actor = starved_shard()
+        return StarvedDriver(self, training, resume)
+
+
 def run(runtime, workers=1, **kw):
     options = dict(epochs=2, batch_size=16, eval_every=0.5, seed=5, lr=0.05, lr_milestones=(1.0,), lr_gamma=0.5)
     return sg.train("mlp", TRAIN, TEST, "dcasgd-a", workers, runtime, **{**options, **kw})
@@ -262,3 +293,20 @@ def test_a_nan_under_on_nonfinite_stop_stops_the_run(ray_session):
     # the first update applies and makes the weights huge; the next message or update is not finite
     with pytest.raises(NonFiniteError, match=r"^(update|message) from worker \d contains NaN or Inf \(version \d\)"):
         run(RayRuntime(), workers=2, lr=1e38, lr_milestones=(), on_nonfinite="stop")
+
+
+def test_a_run_whose_shard_socket_is_out_of_descriptors_finishes_on_ray_calls_and_says_so_once(ray_session, tmp_path,
+                                                                                                capsys):
+    path = tmp_path / "trace.csv"
+    starved = run(Starved(record_trace=path), workers=2, epochs=0.5, lr_milestones=())
+    transport = starved.summary["transport"]
+    assert transport["path"] == "direct" and transport["socket_calls"] == 0 and transport["socket_fallbacks"] == 2
+    said = [n for n in starved.summary["notes"] if "socket" in n]
+    assert said == ["2 of 2 workers could not use the server shard's socket on their machine (it could not accept "
+                    "them: Too many open files) and made their calls through Ray instead: the same bits, more time "
+                    "a message"]
+    assert capsys.readouterr().err.count("socket") == 1   # one line, not one a worker or a message
+    # the same bits as the simulator replaying the run's order
+    replay = run(Simulator(delay=f"trace:{path}"), workers=2, epochs=0.5, lr_milestones=())
+    assert starved.summary["updates"] == replay.summary["updates"] == 256 // 2 // 16   # half of TRAIN
+    assert replay.summary["weights_sha256"] == starved.summary["weights_sha256"]

@@ -2,8 +2,10 @@
 
 ``read_text`` reads a regular file of bounded size: a FIFO, a device (a symlink to /dev/zero), a
 directory or a file past its limit is refused with a reason, never waited on or read into memory.
-``loads_toml`` and ``loads_json`` parse such text, a document nested too deeply for the parser included (a
-``TOMLDecodeError`` or ``JSONDecodeError`` like any other malformed one, never a ``RecursionError``).
+``loads_toml`` and ``loads_json`` parse such text, a document nested too deeply for the parser, or an integer of
+more digits than Python converts, included (a ``TOMLDecodeError`` or ``JSONDecodeError`` like any other malformed
+one, never a ``RecursionError`` or a bare ``ValueError``). ``read_parsed`` does both for a script's inputs: the
+parsed file, or one ``UnreadableFile`` whose reason says what is wrong (missing too).
 ``StagedFiles`` writes several files into a directory so that a failure part-way (a full disk) leaves
 the directory as it was.
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import stat
+import sys
 import tempfile
 import tomllib
 from pathlib import Path
@@ -76,25 +80,75 @@ def read_text(path: str | os.PathLike, limit: int) -> str:
 _TOO_DEEP = "nested too deeply"
 
 
-class _NestedTooDeeply(tomllib.TOMLDecodeError):
-    def __init__(self):
-        ValueError.__init__(self, _TOO_DEEP)
+class _Refused(tomllib.TOMLDecodeError):
+    def __init__(self, message: str):
+        ValueError.__init__(self, message)
+
+
+def _long_integer(text: str) -> tuple[str, int] | None:
+    """(what is wrong, where) for the first integer of ``text`` with more digits than ``int()`` converts (Python's
+    ``sys.get_int_max_str_digits()``, 4,300 by default: a parser raises a bare ``ValueError`` on it), or None."""
+    limit = sys.get_int_max_str_digits()
+    found = re.search(r"\d{%d,}" % (limit + 1), text) if limit else None
+    if found is None:
+        return None
+    return f"a number of {len(found.group()):,} digits, more than the {limit:,} an integer may have", found.start()
 
 
 def loads_toml(text: str) -> dict:
-    """``tomllib.loads(text)``; a document nested too deeply is a ``TOMLDecodeError`` that says so."""
+    """``tomllib.loads(text)``; a document nested too deeply, or an integer too long to convert, is a
+    ``TOMLDecodeError`` that says so."""
     try:
         return tomllib.loads(text)
     except RecursionError:
-        raise _NestedTooDeeply() from None
+        raise _Refused(_TOO_DEEP) from None
+    except tomllib.TOMLDecodeError:
+        raise
+    except ValueError:
+        if (long := _long_integer(text)) is None:
+            raise
+        what, at = long
+        raise _Refused(f"{what} (at line {text.count(chr(10), 0, at) + 1})") from None
 
 
 def loads_json(text: str, **kwargs):
-    """``json.loads(text, **kwargs)``; a document nested too deeply is a ``JSONDecodeError`` that says so."""
+    """``json.loads(text, **kwargs)``; a document nested too deeply, or an integer too long to convert, is a
+    ``JSONDecodeError`` that says so."""
     try:
         return json.loads(text, **kwargs)
     except RecursionError:
         raise json.JSONDecodeError(_TOO_DEEP, text, 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        if (long := _long_integer(text)) is None:
+            raise
+        raise json.JSONDecodeError(long[0], text, long[1]) from None
+
+
+def read_parsed(path: str | os.PathLike, limit: int, kind: str):
+    """The parsed content of ``path`` (``kind``: "json", "toml", or "jsonl": a list of the lines' values, blank
+    lines skipped), read by ``read_text`` under ``limit`` bytes; ``UnreadableFile`` whose reason, following the
+    file's name, says why not: missing, not a regular file, too large, not UTF-8, not valid JSON or TOML."""
+    try:
+        text = read_text(path, limit)
+    except FileNotFoundError:
+        raise UnreadableFile("does not exist") from None
+    try:
+        if kind == "toml":
+            return loads_toml(text)
+        if kind == "json":
+            return loads_json(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise UnreadableFile(f"is not valid {kind.upper()} ({e})") from None
+    values = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                values.append(loads_json(line))
+            except json.JSONDecodeError as e:
+                raise UnreadableFile(f"line {number} is not valid JSON ({e.msg})") from None
+    return values
 
 
 class StagedFiles:

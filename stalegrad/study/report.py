@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import RunError, UsageError
+from .report_group import Group
 from .report_plots import PLOTS, choose_heatmap_axes, fmt_value, make_plots, order, render
 from .report_probes import analyse_probes, plot_probes, read_probes, render_probes
 from .report_protocol import analyse_protocol, render_protocol
@@ -96,7 +97,7 @@ def usable_run(d: Path) -> dict:
     return run
 
 
-def group_runs(runs: list[dict]) -> tuple[list[dict], dict, list[str]]:
+def group_runs(runs: list[dict]) -> tuple[list[Group], dict, list[str]]:
     """Groups of runs that differ only by seed, in a stable order; the axes that vary between groups
     (name -> sorted values); notes on runs left out."""
     from ..algorithms import ALGORITHMS
@@ -104,13 +105,13 @@ def group_runs(runs: list[dict]) -> tuple[list[dict], dict, list[str]]:
     notes = []
     for run in runs:
         key = tuple(sorted(((k, v) for k, v in run["flat"].items() if k not in IGNORED), key=lambda kv: kv[0]))
-        g = by_key.setdefault(key, {"key": dict(key), "algo": run["algo"], "algo_keys": run["algo_keys"], "runs": []})
-        twin = next((r for r in g["runs"] if r["seed"] == run["seed"]), None)
+        g = by_key.setdefault(key, Group(dict(key), run["algo"], run["algo_keys"]))
+        twin = next((r for r in g.runs if r["seed"] == run["seed"]), None)
         if twin is not None:
             notes.append(f"left out {run['dir']}: a second run of seed {run['seed']} of the same configuration "
                          f"as {twin['dir']}")
             continue
-        g["runs"].append(run)
+        g.runs.append(run)
     groups = list(by_key.values())
     values: dict = {}
     for g in groups:
@@ -130,7 +131,7 @@ def group_runs(runs: list[dict]) -> tuple[list[dict], dict, list[str]]:
         while label in labels:
             label += "'"
         labels.add(label)
-        g["label"] = label
+        g.label = label
     return groups, axes, notes
 
 
@@ -147,14 +148,14 @@ def stat(values) -> dict:
             "n": len(v)}
 
 
-def _context(g: dict, drop_workers: bool, shared: set) -> dict:
+def _context(g: Group, drop_workers: bool, shared: set) -> dict:
     """A group's settings apart from its algorithm and the parameters only it has (``shared``: those both
     algorithms have, e.g. agn's and aeasgd's window, count), and the worker count against one worker."""
     return {k: v for k, v in g["key"].items()
             if k != "algo" and (k not in g["algo_keys"] or k in shared) and not (drop_workers and k == "workers")}
 
 
-def baseline_for(g: dict, candidates: list[dict]) -> tuple[dict, list[str]]:
+def baseline_for(g: Group, candidates: list[Group]) -> tuple[Group, list[str]]:
     """The baseline group with the same settings as ``g`` (the closest one if none has them all),
     and the settings in which they differ."""
     best = None
@@ -170,7 +171,7 @@ def baseline_for(g: dict, candidates: list[dict]) -> tuple[dict, list[str]]:
 
 # ---------------------------------------------------------------- the analysis
 
-def _lr_sweeps(groups: list[dict], axes: dict) -> dict:
+def _lr_sweeps(groups: list[Group], axes: dict) -> dict:
     """Per algorithm and other settings: the best learning rate of the sweep, and the shared one."""
     if "lr" not in axes:
         return {"shared_lr": None, "rows": [], "why_none": "every run used one learning rate"}
@@ -203,8 +204,8 @@ def _lr_sweeps(groups: list[dict], axes: dict) -> dict:
 
 def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=None,
             given_in=None, protocol=None, time_model=None) -> tuple[dict, list, tuple]:
-    """Everything in report.json, the groups (with their runs), and the heat map's axes. ``given_in``:
-    where ``target`` and ``baseline`` came from (default: the options --target and --baseline);
+    """Everything in report.json, the groups (``report_group.Group``, with their runs), and the heat map's axes.
+    ``given_in``: where ``target`` and ``baseline`` came from (default: the options --target and --baseline);
     ``time_model``: the file of ``--time-model`` (report_time.py), for the workers-modelled variant."""
     if variant not in VARIANTS:
         raise ReportError(f"--variant {variant!r}: choose one of {', '.join(VARIANTS)}")
@@ -228,11 +229,11 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
     baseline = baseline or ("sgd" if "sgd" in algos else algos[0])
 
     for g in groups:
-        rs = g["runs"]
+        rs = g.runs
         for k in ("final_test_acc", "best_test_acc", "tau_mean", "tau_max", "nonfinite_skipped"):
             g[k] = stat(r["summary"].get(k) for r in rs)
-        g["diverged"] = [str(r["dir"]) for r in rs
-                         if r["summary"].get("diverged") or not _finite(r["summary"].get("final_test_loss"))]
+        g.diverged = [str(r["dir"]) for r in rs
+                      if r["summary"].get("diverged") or not _finite(r["summary"].get("final_test_loss"))]
     best_group = max(groups, key=lambda g: g["best_test_acc"]["mean"] if g["best_test_acc"]["n"] else -1.0)
     target_default = target is None
     if target_default:
@@ -272,17 +273,17 @@ def analyse(run_dirs, *, target=None, baseline=None, variant="central", heatmap=
     for g in groups:
         for r in g["runs"]:
             r["time_to_target"] = time_to_target(r["metrics"], target)
-        reached = [r["time_to_target"] for r in g["runs"] if r["time_to_target"]]
-        g["time_to_target"] = {k: stat(t[k] for t in reached) for k in TIMES}
-        g["time_to_target"].update(reached=len(reached), n=len(g["runs"]))
+        reached = [r["time_to_target"] for r in g.runs if r["time_to_target"]]
+        g.time_to_target = {**{k: stat(t[k] for t in reached) for k in TIMES}, "reached": len(reached),
+                            "n": len(g.runs)}
         base, diff = baseline_for(g, candidates)
         per_seed = efficiencies(g, base, efficiency)
         for r in g["runs"]:
             r["temporal_efficiency"] = per_seed.get(r["seed"])
-        g["temporal_efficiency"] = {**stat(per_seed.values()), "baseline_group": base["label"], "differs_in": diff,
-                                    "unpaired_seeds": [r["seed"] for r in g["runs"] if r["seed"] not in per_seed]}
+        g.temporal_efficiency = {**stat(per_seed.values()), "baseline_group": base.label, "differs_in": diff,
+                                 "unpaired_seeds": [r["seed"] for r in g.runs if r["seed"] not in per_seed]}
         if beside is not None:   # the central variant beside the modelled one
-            g["temporal_efficiency_central"] = stat(efficiencies(g, base, beside).values())
+            g.temporal_efficiency_central = stat(efficiencies(g, base, beside).values())
         if diff:
             unmatched.setdefault(", ".join(diff), []).append(g["label"])
         if g["temporal_efficiency"]["unpaired_seeds"]:

@@ -28,7 +28,7 @@ PROBE_NUMBERS = ("cos_eval", "cos_prev", "update_norm")
 
 def read_probes(run_dir) -> list[dict] | None:
     """The probes of a run, None if it has none; ``DamagedRun`` for a file that is no probes file."""
-    from ..run.files import JSONL_LIMIT, UnreadableFile, read_text
+    from ..run.files import JSONL_LIMIT, UnreadableFile, loads_json, read_text
     from ..run.results import DamagedRun, is_number
     d = Path(run_dir)
     try:
@@ -42,9 +42,9 @@ def read_probes(run_dir) -> list[dict] | None:
         if not line.strip():
             continue
         try:
-            p = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            raise DamagedRun(d, f"{PROBES_FILE} is corrupt (line {i} is not JSON)") from None
+            p = loads_json(line)
+        except json.JSONDecodeError as e:   # (nested too deeply, an integer of too many digits too)
+            raise DamagedRun(d, f"{PROBES_FILE} is corrupt (line {i} is not JSON: {e.msg})") from None
         if not _is_probe(p, is_number):
             raise DamagedRun(d, f"{PROBES_FILE} line {i} is not a probe record")
         probes.append(p)
@@ -189,8 +189,8 @@ def render_probes(section: dict, plots: dict) -> list[str]:
 
 def plot_probes(section: dict, out: Path) -> dict:
     """probes_compensation.png and probes_alignment.png, when there is something to draw."""
-    from .report_plots import _colors, _pyplot
-    plt = _pyplot()
+    from .report_plots import palette, pyplot
+    plt = pyplot()
     made: dict = {}
     if plt is None:
         return made
@@ -201,7 +201,7 @@ def plot_probes(section: dict, out: Path) -> dict:
             x = [(b["tau"][0] + b["tau"][1]) / 2 for b in c["bins"]]
             for i, kind in enumerate(("err", "cos")):
                 ax = axes[i][j]
-                for (key, name), color in zip(GUESSES, _colors(plt, len(GUESSES))):
+                for (key, name), color in zip(GUESSES, palette(plt, len(GUESSES))):
                     y = [b.get(f"{kind}_{key}") for b in c["bins"]]
                     if any(v is not None for v in y):
                         ax.plot(x, [math.nan if v is None else v for v in y], "o-", color=color, label=name)
@@ -221,7 +221,7 @@ def plot_probes(section: dict, out: Path) -> dict:
         lines: dict = {}
         for a in align:
             lines.setdefault((a["algo"], a["workers"]), []).append(a)
-        for ((algo, workers), rows), color in zip(sorted(lines.items(), key=str), _colors(plt, len(lines))):
+        for ((algo, workers), rows), color in zip(sorted(lines.items(), key=str), palette(plt, len(lines))):
             rows.sort(key=lambda r: r["window"] or 1)
             xs = [r["window"] or 1 for r in rows]
             for ax, key in zip(axes, ("cos_eval", "cos_prev")):

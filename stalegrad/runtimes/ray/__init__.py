@@ -63,8 +63,8 @@ RESTART_TIMEOUT = 10.0
 # The local instance that run() starts passes objects of up to this many bytes (a small model's
 # weights and messages) inside Ray's task messages, not through its shared-memory object store
 # (Ray's default limit is 100 KiB), which costs milliseconds a hop on a small machine
-# (benchmarks/ray_overhead.py --inline-compare; docs/performance.md, section 6). A head started with
-# --system-config='{"max_direct_call_object_size": 1048576}' does the same (benchmarks/ray_system_config.py).
+# (benchmarks/archive/ray_overhead.py --inline-compare; benchmarks/archive/NOTES.md, section 6). A head started with
+# --system-config='{"max_direct_call_object_size": 1048576}' does the same (benchmarks/archive/ray_system_config.py).
 INLINE_BYTES = 1 << 20
 LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_BYTES}
 _PROBED: dict = {}   # address -> (when, what connect.probe read): joined once per run, not per check

@@ -20,7 +20,7 @@ import torch
 
 from ...core.server import NonFiniteError, ParameterServer
 from ...core.worker import FlatModel
-from .channel import MAX_BYTES, ChannelClosed, RemoteError, ShardListener, available, connect
+from .channel import MAX_BYTES, ChannelClosed, RemoteError, ShardListener, attempt, available
 from .ledger import FAILED, GO, LOST, STALE, WAIT, Ledger
 
 
@@ -153,6 +153,10 @@ class ShardActor:
     def _socket_call(self, op: str, *args) -> tuple:
         return self.push_direct(*args) if op == "push" else self.pull_direct(*args)
 
+    def socket_trouble(self) -> str | None:
+        """The first error that kept the socket from accepting a worker (``ShardListener.trouble``), or None."""
+        return None if self.listener is None else self.listener.trouble
+
     @_locked
     def plan(self, *args, **kwargs) -> None:
         self._serving()
@@ -212,6 +216,7 @@ class WorkerActor:
         self.latency = None   # the direct path: seconds of this worker's last push round trip
         self.socket = None    # the direct path: the connection to the shard's socket (channel.py), if any
         self.socket_for = None  # the address it was made for (or tried: None where none was reached)
+        self.socket_problem = None  # why the shard's socket, there, did not take this worker (channel.attempt)
 
     def ping(self) -> int:
         return os.getpid()
@@ -269,7 +274,7 @@ class WorkerActor:
         if channel is not None and self.socket_for != channel[0]:
             if self.socket is not None:
                 self.socket.close()
-            self.socket, self.socket_for = connect(channel), channel[0]
+            (self.socket, self.socket_problem), self.socket_for = attempt(channel), channel[0]
         if channel is not None and self.socket is not None:
             return self.socket.call
         import ray
@@ -326,6 +331,10 @@ class WorkerActor:
         if not (reply[0] == WAIT and not reply[1]):
             self.pending = None   # taken (or stale: computed on a server that is gone)
         return reply[0], ""
+
+    def socket_status(self) -> str | None:
+        """Why this worker makes Ray calls though the shard's socket is on its machine, or None."""
+        return self.socket_problem
 
     def state(self) -> dict:
         return to_numpy(self.worker.state_dict())

@@ -1,7 +1,7 @@
 """The direct path's socket: a worker on the server shard's machine pushes and pulls through a Unix socket.
 
 On the direct path (``direct.py``) an update is one call from a worker to the shard: its message there, the
-next weights back. As a Ray call that costs more CPU than a small model's whole update (docs/performance.md,
+next weights back. As a Ray call that costs more CPU than a small model's whole update (benchmarks/archive/NOTES.md,
 section 6: 2.4 ms for the digits mlp's 50,826 floats both ways, against 1 ms for the local runtime's
 update). A worker on the same machine makes the same call over a socket of its own instead: the shard
 listens on a Unix socket, one thread per connected worker, and each call is one message each way
@@ -19,7 +19,9 @@ worker on another machine, and every call of a model whose weights exceed ``MAX_
   ``HANDSHAKE_S`` to answer, at most ``MAX_UNAUTHENTICATED`` peers are in their challenge at once (more are
   closed on arrival), and the accept loop outlives a lack of descriptors or threads (it backs off and goes
   on). A worker gives the socket ``CONNECT_S`` to connect and authenticate, else it makes its calls through
-  Ray, with the same bits. So a local peer can slow a run down to Ray calls, not stop or alter it.
+  Ray, with the same bits (``attempt`` says why; the driver notes it once for the run, with the listener's
+  first accept error, ``ShardListener.trouble``). So a local peer can slow a run down to Ray calls, not stop
+  or alter it.
 - **Faults as with a Ray call**: a shard that dies closes its sockets with its process, and the worker's call
   raises ``ChannelClosed`` (the worker reports LOST, as for a dead actor); a worker that dies closes its
   end, and the shard's thread for it ends. An error inside the call (a NaN under ``on_nonfinite`` "stop")
@@ -30,6 +32,7 @@ Pure Python: no Ray here.
 """
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import secrets
@@ -48,7 +51,7 @@ from multiprocessing.connection import (AuthenticationError, Connection, Listene
 # whereas a socket moves them through a kernel buffer of about 200 KB, so the sender waits for the
 # receiver to be on a core again and again: timed alone the socket still wins at 19 MB (8 against 10 to
 # 25 ms), but in training, agn-mlp's four workers sharing two cores, its throughput fell to 0.8 of Ray
-# calls' (docs/performance.md, section 6).
+# calls' (benchmarks/archive/NOTES.md, section 6).
 MAX_BYTES = 1 << 20
 HANDSHAKE_S = 1.0          # seconds a connecting peer has to answer the key's challenge
 MAX_UNAUTHENTICATED = 32   # peers in their challenge at once; more are closed on arrival (a run has few workers)
@@ -133,6 +136,7 @@ class ShardListener:
         self.served = 0   # calls answered since the owner last took the count (``take_served``)
         self.unauthenticated = 0   # peers in their challenge now
         self.refused = 0           # peers closed on arrival: MAX_UNAUTHENTICATED were in their challenge
+        self.trouble = None        # the first error that kept accept from taking a worker ("Too many open files")
         self.closed = False
         self._count = threading.Lock()
         threading.Thread(target=self._accept, name="stalegrad-shard-socket", daemon=True).start()
@@ -142,7 +146,7 @@ class ShardListener:
         return self.address, self.key
 
     def _accept(self) -> None:
-        pause, said = 0.01, False
+        pause = 0.01
         while not self.closed:
             try:
                 conn = self.listener.accept()
@@ -165,10 +169,9 @@ class ShardListener:
             except OSError as e:
                 if self.closed:
                     return     # the listener was closed
-                if not said:   # out of descriptors (EMFILE), memory or threads: for a while, not for good
-                    said = True
-                    print(f"stalegrad: the server shard's socket could not accept a worker ({e.strerror or e}); "
-                          "it tries again, and the workers meanwhile make Ray calls", file=sys.stderr, flush=True)
+                # out of descriptors (EMFILE), memory or threads: for a while, not for good. The driver says so
+                # once for the run (direct.py), if a worker made Ray calls for it; the shard prints nothing.
+                self.trouble = self.trouble or (e.strerror or str(e))
                 time.sleep(pause)
                 pause = min(1.0, 2 * pause)
 
@@ -232,9 +235,22 @@ class ShardConnection:
 
 def connect(channel: tuple[str, bytes] | None) -> ShardConnection | None:
     """A connection to the shard's socket, or None where there is none to reach from here (another
-    machine or network namespace, another platform): the caller then uses a Ray call."""
+    machine or network namespace, another platform) or it did not take this worker: the caller then uses
+    a Ray call."""
+    return attempt(channel)[0]
+
+
+# What connect() meets where no shard of this machine listens at the address: the worker is elsewhere.
+_ELSEWHERE = (errno.ECONNREFUSED, errno.ENOENT)
+
+
+def attempt(channel: tuple[str, bytes] | None) -> tuple[ShardConnection | None, str | None]:
+    """(``connect(channel)``, why a socket that is there did not take this worker, or None): a listener that
+    cannot accept (out of descriptors: the kernel queues the connection, or refuses it when its queue is full),
+    a challenge not answered within ``CONNECT_S``, a wrong key. None also where there is no socket to reach,
+    which is where a worker on another machine is: it makes Ray calls as it should."""
     if channel is None or not available():
-        return None
+        return None, None
     address, key = channel
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:   # (multiprocessing's Client, with a deadline: a shard that cannot serve now costs CONNECT_S once)
@@ -242,15 +258,19 @@ def connect(channel: tuple[str, bytes] | None) -> ShardConnection | None:
         sock.connect(address)
         sock.settimeout(None)
         conn = Connection(sock.detach())
-    except OSError:
+    except OSError as e:
         sock.close()
-        return None
+        if e.errno in _ELSEWHERE:
+            return None, None
+        return None, f"connecting failed: {e.strerror or 'no answer'} within {CONNECT_S:g} s"
     try:
         _time_limit(conn, CONNECT_S)
         answer_challenge(conn, key)
         deliver_challenge(conn, key)
         _time_limit(conn, 0)
-        return ShardConnection(conn)
-    except (OSError, EOFError, AuthenticationError):
+        return ShardConnection(conn), None
+    except (OSError, EOFError, AuthenticationError) as e:
         conn.close()
-        return None
+        why = ("the key was refused" if isinstance(e, AuthenticationError) else
+               "it closed the connection" if isinstance(e, EOFError) else f"no answer within {CONNECT_S:g} s")
+        return None, f"connected, but {why}"

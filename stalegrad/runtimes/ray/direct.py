@@ -55,6 +55,7 @@ class DirectDriver(Driver):
         self.polls = 0
         self.channel = None            # the shard's socket for workers on its machine (channel.py), if any
         self.socket_calls = 0          # pulls and pushes answered through it, over the shard's generations
+        self.socket_fallbacks = 0      # workers that the socket, on their machine, did not take: Ray calls
 
     def start(self) -> None:
         super().start()
@@ -203,10 +204,30 @@ class DirectDriver(Driver):
         # Without checkpoints the messages still running are dropped (the shard refuses them): the
         # loops are not waited for, as the driver's path does not wait for its futures.
         self.loops.clear()
+        self.report_socket()
         super().finish()
+
+    def report_socket(self) -> None:
+        """One note for the run, however many workers and messages: the workers that the shard's socket did not
+        take (channel.attempt: out of descriptors, no answer in time) made their calls through Ray, with the same
+        bits; why, in the shard's words where it has them."""
+        live = sorted(m for m in self.live if m in self.actors)
+        if self.channel is None or not live:
+            return
+        try:
+            problems = [p for p in self.ray.get([self.actors[m].socket_status.remote() for m in live], timeout=30)
+                        if p is not None]
+            trouble = self.ray.get(self.shards[0].socket_trouble.remote(), timeout=30) if problems else None
+        except Exception:   # (an actor lost at the very end: nothing to say of it)
+            return
+        self.socket_fallbacks = len(problems)
+        if problems:
+            why = f"it could not accept them: {trouble}" if trouble else problems[0]
+            self.note(f"{len(problems)} of {len(live)} workers could not use the server shard's socket on their "
+                      f"machine ({why}) and made their calls through Ray instead: the same bits, more time a message")
 
     def transport(self) -> dict:
         """The driver's path's figures (a push's round trip: as its worker sees it), the path, and how
         often the driver read the shard's records."""
         return {**super().transport(), "path": "direct", "driver_polls": self.polls,
-                "socket_calls": self.socket_calls}
+                "socket_calls": self.socket_calls, "socket_fallbacks": self.socket_fallbacks}

@@ -53,7 +53,7 @@ def _restarted(e: BaseException) -> bool:
 
 
 class Driver(Recovery, Reports):
-    # the actor classes (a subclass may time them: benchmarks/bench_ray.py --profile)
+    # the actor classes (a subclass may time them: benchmarks/archive/bench_ray.py --profile)
     shard_actor, worker_actor = ShardActor, WorkerActor
 
     def __init__(self, runtime, training, resume: dict | None):
