@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: install demo test data clean docs docs-serve
+.PHONY: install demo test bench data clean docs docs-serve
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,11 @@ demo: data
 
 test: install
 	$(BIN)/python -m pytest -q --durations=25
+
+# The benchmark suite (benchmarks/README.md): about 10 minutes on 2 cores; its results in benchmarks/results/,
+# then the figures of docs/performance.md written from them (also when a script failed: the others' figures).
+bench: install
+	$(BIN)/python benchmarks/run_all.py; status=$$?; $(BIN)/python benchmarks/page.py && exit $$status
 
 # The documentation site (mkdocs.yml): built offline into build/site, strict (a broken link, anchor or
 # API reference is an error); docs-serve previews it at http://127.0.0.1:8000 and rebuilds on a change.

@@ -1,8 +1,8 @@
 """Throughput of ``--runtime local`` against sequential SGD in one plain process.
 
+    .venv/bin/python benchmarks/bench_local.py --quick    # make bench: agn-mlp, window 10, M = 1, 2, 4
     .venv/bin/python benchmarks/bench_local.py            # ~4 min on a quiet 2-core machine
                                                           # (+ up to --max-wait s when other jobs run)
-    .venv/bin/python benchmarks/bench_local.py --seconds 3 --workers 1,2   # a quicker look
 
 For each configuration (model, AGN window, AGN's local optimizer: agn-mlp with
 window 1 and 40, Adam, and window 40 with local SGD, whose steps are those of
@@ -30,7 +30,7 @@ before measuring, and measures again when they did not (``--max-wait`` seconds
 in all). The ``transport`` column, the workers' share of time spent in pulls
 and pushes, is the runtime's own cost and holds under contention.
 
-Writes benchmarks/results/local.json and benchmarks/results/local.md.
+Writes benchmarks/results/bench_local.json.
 """
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ FLOOR_RATE = 2000.0   # samples/s assumed at least when sizing a local run
 # the plain SGD loop's step, so the ratio to plain SGD is the runtime's own cost.
 # cnn has 0.4M parameters: its transport is cheap even at window 1, so one window shows it.
 CONFIGS = [("agn-mlp", 1, "adam"), ("agn-mlp", 40, "adam"), ("agn-mlp", 40, "sgd"), ("cnn", 1, "adam")]
+QUICK_CONFIGS = [("agn-mlp", 10, "adam")]
 
 
 cores = common.cores
@@ -211,80 +212,50 @@ def fmt(v, spec=".0f"):
     return "-" if v is None else format(v, spec)
 
 
-def markdown(result: dict) -> str:
-    m = result["machine"]
-    lines = [
-        "## `--runtime local` throughput",
-        "",
-        f"Command: `{result['command']}` ({result['date']}, {result['total_s']:.0f} s).",
-        "",
-        f"Machine: {m['cores']} cores, {m['cpu']}, {m['memory_gib']} GiB, torch {m['torch']}, "
-        f"Python {m['python']}. Data: {result['data']}; batch {BATCH}; AGN's local optimizer is Adam "
-        f"(its default, lr 0.001) or SGD (lr 0.01). Load average (1 min): {result['loadavg_start'][0]:.2f} at the start, "
-        f"{result['loadavg_end'][0]:.2f} at the end.",
-        "",
-        "Other jobs share this machine. Before each measurement the script waits (up to 10 s) for other "
-        "processes to use under 0.3 cores, and when they used more during it, measures again (twice at most, "
-        f"keeping the least disturbed attempt; {result['max_wait_s']:.0f} s in all for waits and repeats). "
-        "`others` is how many cores they used during the kept measurement (all busy CPU time minus this "
-        "script's processes); rows with `others` near 1 ran beside another job's full core. "
-        f"Every rate is the best {WINDOW:.0f}-second stretch of its measurement (whole-run means are in "
-        "`local.json`). Baseline: a plain loop in one process on all cores (forward, backward, `torch.optim` "
-        "step); plain SGD is measured right before and right after every local run, and `vs SGD` divides by "
-        "the mean of those two; the `plain SGD` row is the mean of all of them. Local `samples/s`: computed "
-        "by all workers together, from the moment every worker is up until the sample budget is reached. "
-        "Latencies are those the workers see: pull = request until the weights are in its buffer; push = "
-        "copy into the push buffer until the server has applied it. `server ms`: the server's own time for "
-        "one pull / one push (copy, finiteness checks, update); `busy`: its share of the run. `transport`: "
-        "the workers' share of their time spent in pulls and pushes (the runtime's own cost, which holds "
-        "under contention better than the rates do). MB per update: float32 weights copied through shared "
-        "memory (one pull, one push).",
-        "",
-        "| model | window, local opt | M | threads/worker | samples/s | vs SGD | vs Adam | others (cores) | "
-        "transport | pull ms (med / p90) | push ms (med / p90) | server ms (pull / push) | busy | "
-        "MB per update | updates | tau mean |",
-        "|" + "---|" * 16,
-    ]
+def table(result: dict) -> dict:
+    """The page's table: each configuration's plain loops, then its local runs."""
+    cores_ = cores()
+    cols = ["model", "window, local opt", "M", "threads/worker", "samples/s", "vs plain SGD", "vs plain Adam",
+            "others (cores)", "transport", "pull ms (med / p90)", "push ms (med / p90)", "MB per update", "tau mean"]
+    body = []
     for cfg in result["configs"]:
         sgd, adam = cfg["baseline_sgd"], cfg["baseline_adam"]
-        lines.append(f"| {cfg['model']} | {cfg['window']}, {cfg['local_opt']} | plain SGD | {m['cores']} | {sgd['mean']:.0f} | 1.00 | "
-                     f"{sgd['mean'] / adam['best']:.2f} | {fmt(sgd['others_mean'], '.2f')} | | | | | | | | |")
-        lines.append(f"| {cfg['model']} | {cfg['window']}, {cfg['local_opt']} | plain Adam | {m['cores']} | {adam['best']:.0f} | "
-                     f"{adam['best'] / sgd['mean']:.2f} | 1.00 | {fmt(adam['others'], '.2f')} | | | | | | | | |")
+        head = [cfg["model"], f"{cfg['window']}, {cfg['local_opt']}"]
+        body.append(head + ["plain SGD", cores_, f"{sgd['mean']:,.0f}", "1.00", f"{sgd['mean'] / adam['best']:.2f}",
+                            fmt(sgd["others_mean"], ".2f"), "", "", "", "", ""])
+        body.append(head + ["plain Adam", cores_, f"{adam['best']:,.0f}", f"{adam['best'] / sgd['mean']:.2f}", "1.00",
+                            fmt(adam["others"], ".2f"), "", "", "", "", ""])
         for r in cfg["local"]:
-            lines.append(
-                f"| {cfg['model']} | {cfg['window']}, {cfg['local_opt']} | {r['workers']} | {r['threads_per_worker']} | "
-                f"{r['samples_per_s']:.0f} | {r['vs_sgd']:.2f} | {r['vs_adam']:.2f} | {fmt(r['others'], '.2f')} | "
-                f"{100 * r['transport_share']:.1f}% | "
-                f"{fmt(r['pull_ms_median'], '.2f')} / {fmt(r['pull_ms_p90'], '.2f')} | "
-                f"{fmt(r['push_ms_median'], '.2f')} / {fmt(r['push_ms_p90'], '.2f')} | "
-                f"{fmt(r['server_pull_ms_median'], '.2f')} / {fmt(r['server_push_ms_median'], '.2f')} | "
-                f"{100 * r['server_busy_fraction']:.0f}% | {r['bytes_per_update'] / 1e6:.1f} | {r['updates']} | "
-                f"{r['tau_mean']:.2f} |")
-    return "\n".join(lines) + "\n"
+            body.append(head + [r["workers"], r["threads_per_worker"], f"{r['samples_per_s']:,.0f}", f"{r['vs_sgd']:.2f}",
+                                f"{r['vs_adam']:.2f}", fmt(r["others"], ".2f"), f"{100 * r['transport_share']:.1f}%",
+                                f"{fmt(r['pull_ms_median'], '.2f')} / {fmt(r['pull_ms_p90'], '.2f')}",
+                                f"{fmt(r['push_ms_median'], '.2f')} / {fmt(r['push_ms_p90'], '.2f')}",
+                                f"{r['bytes_per_update'] / 1e6:.1f}", f"{r['tau_mean']:.2f}"])
+    return common.page_table(f"AGN on --runtime local against plain loops in one process (batch {BATCH}; rates: "
+                             f"the best {WINDOW:.0f}-second stretch)", cols, body)
 
 
-def main() -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=4.0, help="target length of each local run")
-    ap.add_argument("--workers", default="1,2,4,8", help="comma-separated M")
-    ap.add_argument("--max-wait", type=float, default=120.0,
+    ap.add_argument("--quick", action="store_true", help="the size `make bench` runs: one configuration, M = 1, "
+                    "2, 4, 3-second runs, no waiting for a quiet machine")
+    ap.add_argument("--seconds", type=float, default=None, help="target length of each local run [4; --quick 3]")
+    ap.add_argument("--workers", default=None, help="comma-separated M [1,2,4,8; --quick 1,2,4]")
+    ap.add_argument("--max-wait", type=float, default=None,
                     help="seconds, in all, to spend waiting for other jobs to leave the CPUs, or measuring "
-                         "again when they did not")
-    ap.add_argument("--out", default=str(common.RESULTS), help="directory for local.json/local.md")
-    args = ap.parse_args()
-    workers = [int(v) for v in args.workers.split(",")]
-    t_start = time.perf_counter()
-    load_start = os.getloadavg()
+                         "again when they did not [120; --quick 0]")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    args.seconds = args.seconds or (3.0 if quick else 4.0)
+    args.max_wait = args.max_wait if args.max_wait is not None else (0.0 if quick else 120.0)
+    workers = [int(v) for v in (args.workers or ("1,2,4" if quick else "1,2,4,8")).split(",")]
+    bench = common.Benchmark("bench_local", quick)
     monitor = CpuMonitor().start()
     wait_budget = [args.max_wait]
     train, test, data_name = load_data()
-    result = {"command": common.command(python=".venv/bin/python"),
-              "date": time.strftime("%Y-%m-%d %H:%M"), "machine": common.machine(), "data": data_name,
-              "batch_size": BATCH, "window_s": WINDOW, "max_wait_s": args.max_wait, "loadavg_start": load_start,
-              "configs": []}
-    print(f"{result['machine']['cores']} cores, {result['machine']['cpu']}, torch {torch.__version__}; "
-          f"data {data_name}; load {load_start[0]:.2f}", flush=True)
+    result = {"data": data_name, "batch_size": BATCH, "window_s": WINDOW, "max_wait_s": args.max_wait, "configs": []}
+    print(f"{cores()} cores, {common.cpu_model()}, torch {torch.__version__}; data {data_name}; "
+          f"load {bench.load_before[0]:.2f}", flush=True)
     print(f"{'model':8} {'win':>4} {'M':>10} {'thr':>3} {'samples/s':>9} {'vs sgd':>6} {'vs adam':>7} "
           f"{'others':>6} {'pull ms':>13} {'push ms':>13} {'MB/upd':>6}", flush=True)
     threads = torch.get_num_threads()
@@ -315,7 +286,7 @@ def main() -> None:
         torch.set_num_threads(threads)
         return out
 
-    for model_name, window, opt in CONFIGS:
+    for model_name, window, opt in (QUICK_CONFIGS if quick else CONFIGS):
         if model_name not in adams:
             adams[model_name] = plain(model_name, "adam")
         adam = adams[model_name]
@@ -352,13 +323,10 @@ def main() -> None:
         result["configs"].append({"model": model_name, "window": window, "local_opt": opt, "baseline_sgd": base_sgd,
                                   "baseline_adam": adam, "local": runs})
     monitor.stop()
-    result["loadavg_end"] = os.getloadavg()
-    result["total_s"] = time.perf_counter() - t_start
-    out = Path(args.out)
-    common.write_json("local", result, out)
-    common.save(out / "local.md", markdown(result))
-    print(f"wrote {out / 'local.json'} and {out / 'local.md'} in {result['total_s']:.0f} s")
+    bench.finish([table(result)], result,
+                 notes=[f"data: {data_name}; others: the cores other processes used during the measurement"])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

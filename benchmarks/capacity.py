@@ -1,4 +1,7 @@
-"""5. Capacity of one server shard: how many workers it can keep up with.
+"""Capacity of one server shard: how many workers it can keep up with.
+
+    .venv/bin/python benchmarks/capacity.py --quick --threads 1 --clock cpu   # make bench: logreg, mlp, agn-mlp
+    .venv/bin/python benchmarks/capacity.py                                   # every model, more rounds
 
 One shard applies every worker's update in turn, so it saturates when the updates
 arrive faster than it applies them. Per model, in the same rounds: a worker's step
@@ -26,6 +29,7 @@ from stalegrad.models import build_model
 
 BATCH = 128
 MODELS = ("logreg", "mlp", "cnn", "agn-mlp")
+QUICK_MODELS = ("logreg", "mlp", "agn-mlp")
 CAPACITY_RULES = ("asgd", "dcasgd-c", "dcasgd-a", "agn")
 
 
@@ -34,7 +38,7 @@ def run(quick: bool = False) -> dict:
     train, _, source = common.image_data(4096, 10)
     paths = common.kernel_paths()
     rows = []
-    for name in (MODELS[:2] if quick else MODELS):
+    for name in (QUICK_MODELS if quick else MODELS):
         model = FlatModel(build_model(name, (1, 28, 28), 10))
         w = model.flat.clone()
         n = w.numel()
@@ -58,21 +62,34 @@ def run(quick: bool = False) -> dict:
                          "workers_per_shard": common.median_ratio(times["step"], times[(rule, path)]),
                          "per_window_step": rule in ("agn", "dynsgd")})
         servers.clear()
-    return {"rows": rows, "data": source, "kernels": paths, "targets": {},
-            "table": table(rows)}
+    return {"rows": rows, "data": source, "kernels": paths}
 
 
-def table(rows: list[dict]) -> str:
-    cols = ["model", "params", "worker step ms", "rule", "kernels", "push ms", "updates/s per shard",
-            "workers per shard"]
-    body = [[r["model"], f"{r['params']:,}", f"{r['step_ms']:.2f}", r["rule"], r["kernels"], f"{r['push_ms']:.3f}",
-             f"{r['updates_per_s']:,.0f}",
-             f"{r['workers_per_shard']:.1f}" + (" x window" if r["per_window_step"] else "")] for r in rows]
-    return common.table(cols, body)
+def table(rows: list[dict], paths: list[str]) -> dict:
+    """One row per model and rule: the push on each kernel path; updates/s and workers on the default (the last)."""
+    default = paths[-1]
+    by_key = {(r["model"], r["rule"], r["kernels"]): r for r in rows}
+    cols = ["model", "params", "worker step ms", "rule"] + [f"{p}: push ms" for p in paths] + \
+           [f"{default}: updates/s per shard", f"{default}: workers per shard"]
+    body = []
+    for (model, rule, path), r in by_key.items():
+        if path == default:
+            body.append([model, f"{r['params']:,}", f"{r['step_ms']:.2f}", rule]
+                        + [f"{by_key[(model, rule, p)]['push_ms']:.3f}" for p in paths]
+                        + [f"{r['updates_per_s']:,.0f}",
+                           f"{r['workers_per_shard']:.1f}" + (" x window" if r["per_window_step"] else "")])
+    return common.page_table("One shard: updates/s, and the workers whose steps it keeps up with", cols, body)
+
+
+def main(argv=None) -> int:
+    ap = common.options(__doc__)
+    args = ap.parse_args(argv)
+    common.settle(ap, args)
+    bench = common.Benchmark("capacity", args.quick)
+    result = run(args.quick)
+    bench.finish([table(result["rows"], result["kernels"])], result)
+    return 0
 
 
 if __name__ == "__main__":
-    ap = common.options(__doc__)
-    args = ap.parse_args()
-    common.settle(ap, args)
-    common.show(run(args.quick))
+    raise SystemExit(main())

@@ -1,29 +1,26 @@
 """What the benchmarks share: the machine and its load, clocks and interleaved timing, the standard data and
-timed simulators, peak memory, the options of run_all's sections, tables and result files.
+timed simulators, peak memory, the common options, tables and the result files that docs/performance.md is
+generated from.
 
 Import it first: it puts the checkout on sys.path and imports stalegrad before torch (stalegrad's
 OMP_WAIT_POLICY default must reach libgomp), so every benchmark runs as a user's run does. The scripts
 reach stalegrad only through its public names (tests/test_scripts.py checks it).
 
-The machine these run on is shared and noisy, so every figure that matters is
-a ratio of two things timed in the same run, interleaved: each *round* times
-every item once (best of a few calls), and the reported value is the median
-over the rounds.
+The machine these run on may be shared and noisy, so every figure that matters is a ratio of two things
+timed in the same run, interleaved: each *round* times every item once (best of a few calls), and the
+reported value is the median over the rounds. Every result file records the load average before and after.
 
-``clock()`` is wall time by default. ``use_cpu_clock()`` switches every
-timing to the CPU time of this process (``time.process_time``): with one
-thread (``--threads 1``) that is the work done, without the time other
-processes on a busy machine take from it (with more threads it also counts
-the OpenMP threads' spinning, so it is not used then).
+``clock()`` is wall time by default. ``use_cpu_clock()`` switches every timing to the CPU time of this
+process (``time.process_time``): with one thread (``--threads 1``) that is the work done, without the time
+other processes on a busy machine take from it (with more threads it also counts the OpenMP threads'
+spinning, so it is not used then).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -61,19 +58,41 @@ def cores() -> int:
 
 
 def machine() -> dict:
+    """The machine and the software a figure was measured with."""
     return {
-        "nproc": os.cpu_count(),
-        "cores": cores(),
         "cpu": cpu_model(),
+        "cores": cores(),
+        "nproc": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "numba": package_version("numba"),
+        "ray": package_version("ray"),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "loadavg": load(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads(),
+        "commit": commit(),
         "clock": clock_name(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def package_version(name: str) -> str | None:
+    """An installed package's version, without importing it (None when it is not installed)."""
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def commit() -> str | None:
+    """The checkout's commit, with ``-dirty`` when tracked files differ from it; None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def load() -> list[float]:
@@ -166,25 +185,6 @@ def median(xs) -> float:
 def median_ratio(num: list[float], den: list[float]) -> float:
     """Median over rounds of num/den, each pair timed in the same round."""
     return statistics.median(a / b for a, b in zip(num, den))
-
-
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
-def crossing(points: list[tuple[float, float | None]], target: float) -> float | None:
-    """The x of (x, test accuracy) points at which the accuracy first reaches ``target``, linearly
-    interpolated between the two evaluations around the crossing (none before it, or a non-finite one:
-    that evaluation's x); None if never."""
-    prev = None
-    for x, acc in points:
-        if acc is not None and acc >= target:
-            if prev is None or prev[1] is None or not math.isfinite(prev[1]):
-                return x
-            x0, a0 = prev
-            return x0 + (target - a0) / (acc - a0) * (x - x0)
-        prev = (x, acc)
-    return None
 
 
 # ---- data, servers and runs ---------------------------------------------------------------------------
@@ -314,60 +314,13 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
-# ---- Ray's transport ------------------------------------------------------------------------------------
-
-def echo_actors(ray, numel: int = 50_826):
-    """Two zero-CPU actors that time Ray's transport alone: ``Echo.ping(x)`` returns ``x`` and ``Echo.make()``
-    a ``numel`` float32 array (a digits-mlp message by default); ``Caller.calls(other, arg, n)`` returns the
-    median ms of ``n`` calls of ``other.ping(arg)`` from inside an actor (what a worker's push costs at least),
-    ``Caller.socket_calls(Echo.listen(), arg, n)`` the same through the direct path's socket."""
-
-    @ray.remote(num_cpus=0)
-    class Echo:
-        def make(self):
-            return np.zeros(numel, np.float32)
-
-        def ping(self, x=None):
-            return x
-
-        def listen(self):
-            """The direct path's socket (``channel.py``), answering each call with its argument."""
-            import threading
-            from stalegrad.runtimes.ray.channel import ShardListener
-            self.listener = ShardListener(lambda op, x: x, threading.Lock())
-            return self.listener.channel
-
-    @ray.remote(num_cpus=0)
-    class Caller:
-        def calls(self, other, arg, n):
-            times = []
-            for _ in range(n):
-                t = time.perf_counter()
-                ray.get(other.ping.remote(arg))
-                times.append(time.perf_counter() - t)
-            return 1000 * statistics.median(times)
-
-        def socket_calls(self, channel, arg, n):
-            """The same through the socket of ``Echo.listen``."""
-            from stalegrad.runtimes.ray.channel import connect
-            conn, times = connect(channel), []
-            for _ in range(n):
-                t = time.perf_counter()
-                conn.call("ping", arg)
-                times.append(time.perf_counter() - t)
-            conn.close()
-            return 1000 * statistics.median(times)
-
-    return Echo.remote(), Caller.remote()
-
-
-# ---- the options of run_all's sections -------------------------------------------------------------
+# ---- options, tables and result files ----------------------------------------------------------------
 
 def options(doc: str, threads: bool = True, clock: bool = True) -> argparse.ArgumentParser:
-    """The options a section script takes when run alone (and run_all.py for all): --quick, --threads,
-    --clock; ``settle`` applies them."""
+    """The options every benchmark takes: --quick (the size ``make bench`` runs), and where timing allows,
+    --threads and --clock; ``settle`` applies them."""
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a short smoke run (seconds, not minutes)")
+    ap.add_argument("--quick", action="store_true", help="the size `make bench` runs: shorter, noisier")
     if threads:
         ap.add_argument("--threads", type=int, default=None, help="torch threads [default: torch's, one per core]")
     if clock:
@@ -388,14 +341,6 @@ def settle(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
-def show(result: dict) -> None:
-    """A section's table, then its targets and the load average."""
-    print(result["table"])
-    print(result["targets"], "load average", load())
-
-
-# ---- tables and result files --------------------------------------------------------------------------
-
 def table(columns: list[str], rows: list[list]) -> str:
     """A GitHub-flavoured Markdown table (it also reads well in a terminal)."""
     cells = [[str(c) for c in columns]] + [[str(c) for c in r] for r in rows]
@@ -406,26 +351,38 @@ def table(columns: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def md_table(columns: list[str], rows: list[list]) -> str:
-    """The same table unpadded (``|---|``), as the pages in docs/results/ write them."""
-    return "\n".join(["| " + " | ".join(map(str, columns)) + " |", "|" + "---|" * len(columns),
-                      *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
-
-
 def verdict(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
-def compact_json(payload: dict, one_line: tuple[str, ...] = ()) -> str:
-    """JSON with every list of numbers on one line, and every object whose first key is in ``one_line``
-    (a curve's points: ``"epoch"``): the curves stay readable and small."""
-    text = json.dumps(payload, indent=2)
-    text = re.sub(r"\[\s*((?:-?[0-9.eE+-]+|null)(?:,\s*(?:-?[0-9.eE+-]+|null))*)\s*\]",
-                  lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
-    for key in one_line:
-        text = re.sub(r"\{\s*(\"" + re.escape(key) + r"\"[^{}]*?)\s*\}",
-                      lambda m: "{" + re.sub(r",\s+", ", ", m.group(1)) + "}", text)
-    return text + "\n"
+def page_table(title: str, columns: list[str], rows: list[list]) -> dict:
+    """A table of a result file, as docs/performance.md shows it (benchmarks/page.py): every cell a string."""
+    return {"title": title, "columns": [str(c) for c in columns], "rows": [[str(c) for c in r] for r in rows]}
+
+
+class Benchmark:
+    """One run of a benchmark script: the load average and the clock when it starts; ``finish`` prints its
+    tables and writes them, with the machine, the command and the raw figures, to ``results/<name>.json``."""
+
+    def __init__(self, name: str, quick: bool):
+        self.name, self.quick = name, quick
+        self.load_before, self.start, self.started = load(), time.perf_counter(), time.strftime("%Y-%m-%d %H:%M")
+
+    def finish(self, tables: list[dict], data: dict, notes: list[str] = (), machine_extra: dict | None = None,
+               out_dir: Path | None = RESULTS) -> Path | None:
+        """Print the tables and notes; write the result file into ``out_dir`` (None: write nothing)."""
+        result = {"benchmark": self.name, "command": command(), "quick": self.quick, "started": self.started,
+                  "seconds": round(time.perf_counter() - self.start, 1), "machine": {**machine(), **(machine_extra or {})},
+                  "load_before": self.load_before, "load_after": load(), "tables": tables, "notes": list(notes),
+                  "data": data}
+        for t in tables:
+            print(f"\n{t['title']}\n\n{table(t['columns'], t['rows'])}")
+        for note in notes:
+            print(f"\n{note}")
+        path = write_json(self.name, result, out_dir) if out_dir is not None else None
+        print(f"\nload average {result['load_before']} -> {result['load_after']}, {result['seconds']} s -> "
+              f"{path or 'nothing written'}")
+        return path
 
 
 def save(path: str | Path, text: str) -> Path:

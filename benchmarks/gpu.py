@@ -1,21 +1,20 @@
 """GPU: the simulator and the vectorised commit rules on one CUDA device, M = 40, agn-mlp.
 
-    python benchmarks/gpu.py --out $OUT/gpu.json        # on the device machine, about 3 minutes
-    python benchmarks/gpu.py --device cpu --quick       # a dry run of this script on a CPU
+    python benchmarks/gpu.py                          # on a machine with CUDA: about 3 minutes
+    python benchmarks/gpu.py --device cpu --quick     # a dry run of this script on a CPU (writes nothing)
 
-Issue 11's GPU part, as one prepared script: it needs a CUDA build of torch
-(the Makefile installs the CPU build: ``make install TORCH='torch==2.13.0
---index-url https://download.pytorch.org/whl/cu126'`` or whatever the machine
-offers) and stops at once, with one line and exit code 2, when no CUDA device
-is present. Rows (Fashion-MNIST when installed, else synthetic MNIST-shaped
-data; batch 128; seed 0):
+It needs a CUDA build of torch (the Makefile installs the CPU build: ``make install
+TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126'`` or
+whatever the machine offers). Without a CUDA device it prints one line and exits
+0, so that ``make bench`` passes it by (an earlier results/gpu.json stays). Rows
+(Fashion-MNIST when installed, else synthetic MNIST-shaped data; batch 128; seed 0):
 
 - ``plain adam``: a plain PyTorch Adam loop on the device (the baseline);
 - ``sim agn w=W``: AGN, 40 workers, window W in (10, 40), one worker at a time;
 - ``sim agn w=W vectorised``: the same with ``Simulator(vectorised=True)``
-  (when the tree cannot batch commit rules the run says so in its notes, and
-  the row is marked ``fell back``);
-- ``sim asgd`` and ``sim asgd vectorised``: the gradient rule, batched since issue 4.
+  (when the run cannot batch commit rules it says so in its notes, and the row
+  is marked ``fell back``);
+- ``sim asgd`` and ``sim asgd vectorised``: the gradient rule.
 
 Each stalegrad row is two rounds of all 40 workers' messages, timed around the
 event loop with ``torch.cuda.synchronize``; samples/s, the ratio to plain, and
@@ -25,7 +24,6 @@ JSON keeps the seconds too.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -83,19 +81,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
     ap.add_argument("--quick", action="store_true", help="one round, tiny budgets (a dry run)")
-    ap.add_argument("--out", default=str(common.RESULTS / "gpu.json"), help="the JSON file to write")
+    ap.add_argument("--out", default=None, help="the folder for gpu.json [benchmarks/results; a dry run on the "
+                    "CPU writes nothing unless given]")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        print(f"gpu.py: error: no CUDA device (torch {torch.__version__} is {build}; "
-              "torch.cuda.is_available() is False); run it on a GPU machine with a CUDA build of torch, "
-              "or pass --device cpu for a dry run", file=sys.stderr)
-        return 2
-    machine = common.machine()
+        print(f"gpu.py: skipped, no CUDA device (torch {torch.__version__} is {build})")
+        return 0
+    bench = common.Benchmark("gpu", args.quick)
+    extra = {}
     if args.device.startswith("cuda"):
-        machine["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
-        machine["cuda"] = torch.version.cuda
-    print(f"machine: {machine}", flush=True)
+        extra = {"gpu": torch.cuda.get_device_name(torch.device(args.device)), "cuda": torch.version.cuda}
+    print(f"device: {args.device} {extra}", flush=True)
     train, test, source = common.image_data(60_000, 10_000)
     rounds = 1 if args.quick else 2
     plain_samples = 2_560 if args.quick else 51_200
@@ -114,16 +111,15 @@ def main(argv=None) -> int:
             rows.append(r)
             print(f"{label}: {r['samples_per_s']:.0f} samples/s, {r['ratio']:.2f} x plain, {r['seconds']:.2f} s"
                   + (" (fell back to one by one)" if r["fell_back"] else ""), flush=True)
-    table = common.table(
+    table = common.page_table(
+        f"{MODEL}, M = {WORKERS}, batch {BATCH} on {extra.get('gpu', args.device)}",
         ["run", "samples/s", "x plain", "seconds", "peak MB", "note"],
-        [[r["run"], f"{r['samples_per_s']:.0f}", f"{r['ratio']:.2f}", f"{r['seconds']:.2f}" if "seconds" in r else "-",
+        [[r["run"], f"{r['samples_per_s']:,.0f}", f"{r['ratio']:.2f}", f"{r['seconds']:.2f}" if "seconds" in r else "-",
           f"{r['peak_mem_mb']:.0f}" if r.get("peak_mem_mb") else "-", "fell back" if r.get("fell_back") else ""]
          for r in rows])
-    print("\n" + table)
-    out = common.save(args.out, json.dumps({"machine": machine, "device": args.device, "data": source, "model": MODEL,
-                                            "workers": WORKERS, "batch": BATCH, "quick": args.quick, "rows": rows,
-                                            "loadavg_after": common.load(), "table": table}, indent=2) + "\n")
-    print(f"-> {out}")
+    out = args.out or (str(common.RESULTS) if args.device.startswith("cuda") else None)
+    bench.finish([table], {"device": args.device, "data": source, "model": MODEL, "workers": WORKERS,
+                           "batch": BATCH, "rows": rows}, machine_extra=extra, out_dir=out)
     return 0
 
 

@@ -1,11 +1,10 @@
 """What an update costs on Ray beyond the local runtime, against the transport's floor, in one run.
 
-    .venv/bin/python benchmarks/ray_overhead.py                  # 4 min 0 s on the 2-core machine at load 3-8
-    .venv/bin/python benchmarks/ray_overhead.py --quick          # 1 min 46 s there (CPU figures rough)
-    .venv/bin/python benchmarks/ray_overhead.py --json out.json  # also write every figure
-    .venv/bin/python benchmarks/ray_overhead.py --table out.json # print a saved result's tables again
-    .venv/bin/python benchmarks/ray_overhead.py --inline-compare # also: the direct path on Ray's default inline limit
-    .venv/bin/python benchmarks/ray_overhead.py --profile        # also: where an update's time goes, each Ray path
+    .venv/bin/python benchmarks/ray_overhead.py --quick   # make bench: one round, shorter runs (about 2 min)
+    .venv/bin/python benchmarks/ray_overhead.py           # three rounds (4 min on the 2-core machine at load 3-8)
+
+Where an update's time goes (by process and by part) and Ray's default inline limit are measured by the
+archived version: benchmarks/archive/ray_overhead.py --profile --inline-compare.
 
 On one local Ray instance (``ray.init(num_cpus=...)``, with the system configuration that
 ``RayRuntime`` gives the instance it starts itself), it measures:
@@ -16,8 +15,8 @@ On one local Ray instance (``ray.init(num_cpus=...)``, with the system configura
 - **the small model**: digits, the mlp, dcasgd-a, M = 4 workers of one thread, batch 128, one shard:
   ``--runtime local`` against ``--runtime ray`` (the direct path: workers push to and pull from the
   shard, through its socket as on one machine by default, and as Ray calls, ``--no-same-node-socket``,
-  as between machines) and against Ray's driver path (the driver between every push and pull: the only path before
-  issue 33, still used with several shards, elastic and synchronous rules), in interleaved rounds;
+  as between machines) and against Ray's driver path (the driver between every push and pull: the path of
+  several shards, elastic and synchronous rules), in interleaved rounds;
   per update: ms (wall time / updates in steady state), the overhead (Ray's ms - local's ms, in ms and
   in bare round trips) and the CPU ms of every process of the run (this one and its children);
 - **the large model**: agn-mlp on Fashion-MNIST, AGN with window 10, M = 4, batch 128, local against
@@ -26,30 +25,26 @@ On one local Ray instance (``ray.init(num_cpus=...)``, with the system configura
   call and through the direct path's socket.
 
 Throughput is measured in steady state: samples/s between the evaluations at 20% and 80% of the
-budget, from the run's metrics. The goals of issue 33: overhead per update <= 3 bare round trips;
+budget, from the run's metrics. The goals: overhead per update <= 3 bare round trips;
 Ray / local >= 0.5 on the small model and >= 0.9 on agn-mlp. The load average before and after goes
 with the figures: on a shared 2-core machine, read the ratios, not the absolute times.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
 
+import common  # (first: it imports stalegrad before torch)
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import echo_actors, md_table  # noqa: E402  (first: it imports stalegrad before torch)
-import stalegrad as sg  # noqa: E402
-from stalegrad.runtimes.ray import LOCAL_SYSTEM_CONFIG, RayRuntime  # noqa: E402
-from stalegrad.runtimes.ray.driver import Driver  # noqa: E402
+import stalegrad as sg
+from stalegrad.runtimes.ray import LOCAL_SYSTEM_CONFIG, RayRuntime
+from stalegrad.runtimes.ray.driver import Driver
 
 M = 4
 
@@ -106,10 +101,6 @@ def cpu_between(before: dict, after: dict) -> dict:
     return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 class CpuSampler(threading.Thread):
     """Reads ``tree_cpu_s`` of this process every ``every`` seconds while a run is on (the processes of the
     tree found again every quarter second; ``samples``: (perf_counter, reading)); ``at(t)``, the first reading at
@@ -134,7 +125,7 @@ class CpuSampler(threading.Thread):
         return next((reading for when, reading in self.samples if when >= t), self.samples[-1][1])
 
 
-def train(model, data, algo, runtime, epochs: float, batch: int = 128, by_name: bool = False) -> dict:
+def train(model, data, algo, runtime, epochs: float, batch: int = 128) -> dict:
     """One run; figures in steady state, between the first evaluation after epoch 0 and the last before the
     end (four evaluations a run, at 20%, 40%, 60% and 80% of its budget, so 60% of the run): samples/s
     and ms per update from the run's metrics (the updates and wall_s each evaluation records), CPU ms per
@@ -153,81 +144,55 @@ def train(model, data, algo, runtime, epochs: float, batch: int = 128, by_name: 
               if 0 < m["samples"] < res.summary["samples"]]
     (t0, s0, u0), (t1, s1, u1) = points[0], points[-1]
     cpu = cpu_between(sampler.at(start[0] + t0), sampler.at(start[0] + t1))
-    if by_name:   # CPU ms per update by process
-        return {"cpu_ms_per_update_by_process": {k: 1000 * v / (u1 - u0) for k, v in cpu.items()},
-                "ms_per_update": 1000 * (t1 - t0) / (u1 - u0), "transport": res.summary.get("transport")}
     return {"samples_per_s": (s1 - s0) / (t1 - t0), "ms_per_update": 1000 * (t1 - t0) / (u1 - u0),
             "cpu_ms_per_update": 1000 * sum(cpu.values()) / (u1 - u0), "updates": res.summary["updates"],
             "wall_s": res.summary["wall_s"], "final_test_acc": res.summary["final_test_acc"],
             "transport": res.summary.get("transport")}
 
 
-def profiled(path: str) -> RayRuntime:
-    """Ray whose actors time their parts (``--profile``): a worker's compute, and the time inside each
-    method of the shard; after the run, ``runtime.profile`` holds the medians (ms) and counts."""
-    from stalegrad.runtimes.ray.actors import ShardActor, WorkerActor
-    from stalegrad.runtimes.ray.direct import DirectDriver
+def echo_actors(ray, numel: int = 50_826):
+    """Two zero-CPU actors that time Ray's transport alone: ``Echo.ping(x)`` returns ``x`` and ``Echo.make()``
+    a ``numel`` float32 array (a digits-mlp message by default); ``Caller.calls(other, arg, n)`` returns the
+    median ms of ``n`` calls of ``other.ping(arg)`` from inside an actor (what a worker's push costs at least),
+    ``Caller.socket_calls(Echo.listen(), arg, n)`` the same through the direct path's socket."""
 
-    class TimedWorker(WorkerActor):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.times, inner = {"worker: compute (the gradient)": []}, self.worker.compute
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def make(self):
+            return np.zeros(numel, np.float32)
 
-            def compute(pulled, lr):
+        def ping(self, x=None):
+            return x
+
+        def listen(self):
+            """The direct path's socket (``channel.py``), answering each call with its argument."""
+            import threading
+            from stalegrad.runtimes.ray.channel import ShardListener
+            self.listener = ShardListener(lambda op, x: x, threading.Lock())
+            return self.listener.channel
+
+    @ray.remote(num_cpus=0)
+    class Caller:
+        def calls(self, other, arg, n):
+            times = []
+            for _ in range(n):
                 t = time.perf_counter()
-                out = inner(pulled, lr)
-                self.times["worker: compute (the gradient)"].append(time.perf_counter() - t)
-                return out
-            self.worker.compute = compute
+                ray.get(other.ping.remote(arg))
+                times.append(time.perf_counter() - t)
+            return 1000 * statistics.median(times)
 
-        def profile(self):
-            return self.times
+        def socket_calls(self, channel, arg, n):
+            """The same through the socket of ``Echo.listen``."""
+            from stalegrad.runtimes.ray.channel import connect
+            conn, times = connect(channel), []
+            for _ in range(n):
+                t = time.perf_counter()
+                conn.call("ping", arg)
+                times.append(time.perf_counter() - t)
+            conn.close()
+            return 1000 * statistics.median(times)
 
-    class TimedShard(ShardActor):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.times = {}
-
-        def _timed(self, name, method, *args, **kwargs):
-            t = time.perf_counter()
-            out = method(*args, **kwargs)
-            self.times.setdefault(f"shard: inside {name}", []).append(time.perf_counter() - t)
-            return out
-
-        def push_direct(self, *a):
-            return self._timed("push_direct", super().push_direct, *a)
-
-        def poll(self, *a):
-            return self._timed("poll", super().poll, *a)
-
-        def prepare_commit_pull(self, *a):
-            return self._timed("prepare_commit_pull", super().prepare_commit_pull, *a)
-
-        def prepare_commit(self, *a):
-            return self._timed("prepare_commit", super().prepare_commit, *a)
-
-        def profile(self):
-            return self.times
-
-    base = DirectDriver if path == "direct" else Driver
-
-    class Timed(base):
-        shard_actor, worker_actor = TimedShard, TimedWorker
-
-        def finish(self):
-            import ray
-            times: dict = {}
-            for part in ray.get([a.profile.remote() for a in self.actors.values()] +
-                                [s.profile.remote() for s in self.shards]):
-                for k, v in part.items():
-                    times.setdefault(k, []).extend(v)
-            self.rt.profile = {k: {"median_ms": 1000 * statistics.median(v), "n": len(v)} for k, v in times.items()}
-            super().finish()
-
-    class Profiled(RayRuntime):
-        def make_driver(self, training, resume):
-            return Timed(self, training, resume)
-    return Profiled()
+    return Echo.remote(), Caller.remote()
 
 
 def round_trips(ray, numel: int, repeats: int) -> dict:
@@ -274,26 +239,13 @@ def ray_session(ray, config: dict) -> None:
              _system_config=config)
 
 
-def main() -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one round, shorter runs (under 2 minutes)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds of the small model (default 3)")
-    ap.add_argument("--inline-compare", action="store_true",
-                    help="also run the direct path on a Ray instance with Ray's default inline limit (100 KiB)")
-    ap.add_argument("--profile", action="store_true",
-                    help="also a timed run of each Ray path on the small model, and of the direct path on agn-mlp: "
-                         "CPU by process, the parts of an update")
-    ap.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    ap.add_argument("--table", metavar="PATH", help="print the tables of a result that --json saved, and stop")
-    args = ap.parse_args()
-    if args.table:
-        try:
-            saved = json.loads(Path(args.table).read_text())
-            report(saved)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            sys.exit(f"ray_overhead.py: error: --table {args.table}: not a result of --json ({type(e).__name__}: {e})")
-        return
+    ap.add_argument("--quick", action="store_true", help="the size `make bench` runs: one round, shorter runs")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds of each model [3; --quick 1]")
+    args = ap.parse_args(argv)
     import ray
+    bench = common.Benchmark("ray_overhead", args.quick)
     rounds = args.rounds or (1 if args.quick else 3)
     # (seconds in steady state: at 0.7 ms an update, 100 epochs of digits were half a second of it)
     small_epochs, agn_epochs = (40.0, 0.25) if args.quick else (400.0, 0.5)
@@ -301,10 +253,7 @@ def main() -> None:
     tr, te = sg.load_pair("fashion-mnist")
     # 2,000 test images: an evaluation costs both runtimes the same, and less
     fashion = (tr, sg.Dataset(te.name, te.x[:2000], te.y[:2000], te.num_classes))
-    out = {"command": " ".join([".venv/bin/python", "benchmarks/ray_overhead.py", *sys.argv[1:]]),
-           "machine": {"nproc": os.cpu_count(), "cpu": platform.processor() or _cpu_model(), "ray": ray.__version__,
-                       "python": platform.python_version()},
-           "time": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": load()}
+    out = {"rounds": rounds, "small_epochs": small_epochs, "agn_epochs": agn_epochs}
     ray_session(ray, dict(LOCAL_SYSTEM_CONFIG))
     try:
         out["round_trip"] = round_trips(ray, 50_826, 200 if args.quick else 400)
@@ -323,41 +272,11 @@ def main() -> None:
             large["local"].append(train("agn-mlp", fashion, agn, sg.LocalRuntime(threads_per_worker=1), agn_epochs))
             large["ray"].append(train("agn-mlp", fashion, agn, RayRuntime(), agn_epochs))
         out["agn_mlp"] = large
-        if args.profile:
-            out["profile"] = {}
-            for path in ("direct", "driver"):
-                runtime = profiled(path)
-                out["profile"][path] = train("mlp", digits, "dcasgd-a", runtime, small_epochs, by_name=True)
-                out["profile"][path]["parts"] = runtime.profile
-            runtime = profiled("direct")   # the large model: where its CPU goes beside the workers' steps
-            out["profile"]["direct, agn-mlp"] = train("agn-mlp", fashion, agn, runtime, agn_epochs, by_name=True)
-            out["profile"]["direct, agn-mlp"]["parts"] = runtime.profile
-            out["profile"]["local, agn-mlp"] = train("agn-mlp", fashion, agn, sg.LocalRuntime(
-                threads_per_worker=1), agn_epochs, by_name=True)
     finally:
         ray.shutdown()
-    if args.inline_compare:   # Ray's default limit: a 203 KB message goes through the shared-memory store
-        ray_session(ray, {})
-        try:
-            out["small_default_inline"] = [train("mlp", digits, "dcasgd-a", RayRuntime(), small_epochs)
-                                           for _ in range(rounds)]
-            out["round_trip_default_inline"] = round_trips(ray, 50_826, 200)
-        finally:
-            ray.shutdown()
-    out["load_after"] = load()
     summarise(out)
-    report(out)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-        print(f"-> {args.json}")
-
-
-def _cpu_model() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
+    bench.finish(tables(out), out, notes=notes(out))
+    return 0
 
 
 def med(runs: list[dict], key: str) -> float:
@@ -381,67 +300,39 @@ def summarise(out: dict) -> None:
     out["summary"] = s
 
 
-def report(out: dict) -> None:
-    rt, s = out["round_trip"], out["summary"]
-    print(f"bare round trip: driver -> actor {rt['driver_to_actor_ms']:.3f} ms, actor -> actor "
-          f"{rt['actor_to_actor_ms']:.3f} ms, actor -> actor with a {rt['message_bytes'] / 1000:.0f} KB message "
-          f"both ways {rt['actor_to_actor_with_message_ms']:.3f} ms ({rt['actor_to_actor_with_message_cpu_ms']:.2f} CPU ms, "
-          "all processes)")
-    if out.get("transport_by_size"):
-        print("\nan actor -> actor call carrying the message both ways, median ms:\n")
-        print(md_table(["message", "Ray call", "the shard's socket"],
-                       [[f"{t['message_bytes'] / 1e6:.2f} MB", f"{t['ray_call_ms']:.2f}", f"{t['socket_ms']:.2f}"]
-                        for t in out["transport_by_size"]]))
-    print(f"\ndigits mlp dcasgd-a, M = {M}, batch 128, one shard (medians of {len(out['small']['local'])} "
-          "interleaved rounds)")
+def tables(out: dict) -> list[dict]:
+    s, rounds = out["summary"], out["rounds"]
     rows = [["local", f"{s['local']['ms_per_update']:.2f}", f"{s['local']['cpu_ms_per_update']:.2f}", "", "", ""]]
     for name, label in (("ray", "ray (direct path, the shard's socket)"),
                         ("ray_calls", "ray (direct path, Ray calls: --no-same-node-socket)"),
                         ("ray_driver_path", "ray (driver path)")):
-        if name in s:   # (not in a result from before that runtime was measured)
-            r = s[name]
-            rows.append([label, f"{r['ms_per_update']:.2f}", f"{r['cpu_ms_per_update']:.2f}",
-                         f"{r['ratio_vs_local']:.2f}", f"{r['overhead_ms']:.2f} ms", f"{r['overhead_in_round_trips']:.1f}"])
-    print(md_table(["runtime", "ms per update", "CPU ms per update", "Ray / local", "overhead per update",
-                    "in bare round trips"], rows))
-    agn = {k: v if isinstance(v, list) else [v] for k, v in out["agn_mlp"].items()}   # (one round, before)
-    print(f"\nagn-mlp agn window 10, M = {M} (medians of {len(agn['local'])} interleaved rounds): local "
-          f"{med(agn['local'], 'samples_per_s'):.0f} samples/s, ray {med(agn['ray'], 'samples_per_s'):.0f} samples/s "
-          f"({sum((r['transport'] or {}).get('socket_calls', 0) for r in agn['ray'])} calls through the socket): Ray / local "
-          f"{s['agn_mlp_ratio_vs_local']:.2f} (by round "
-          + ", ".join(f"{r['samples_per_s'] / lo['samples_per_s']:.2f}" for lo, r in zip(agn["local"], agn["ray"]))
-          + ")")
-    if "small_default_inline" in out:
-        runs, rtd = out["small_default_inline"], out["round_trip_default_inline"]
-        print(f"\nRay's default inline limit (100 KiB): direct path {med(runs, 'ms_per_update'):.2f} ms per update, "
-              f"{med(runs, 'cpu_ms_per_update'):.2f} CPU ms; actor -> actor with the message "
-              f"{rtd['actor_to_actor_with_message_ms']:.3f} ms")
-    profiles = out.get("profile", {})
-    if profiles:   # CPU ms per update by process, and its share of all, one column per profiled run
-        labels = {"direct": "Ray, direct path", "driver": "Ray, driver path", "direct, agn-mlp": "Ray, direct path, "
-                  "agn-mlp", "local, agn-mlp": "local runtime, agn-mlp"}
-        names = list(dict.fromkeys(k for p in profiles.values() for k, v in p["cpu_ms_per_update_by_process"].items()
-                                   if v > 0.005))
-        rows = []
-        for name in names + ["all"]:
-            cells = [name]
-            for p in profiles.values():
-                cpu = p["cpu_ms_per_update_by_process"]
-                v = sum(cpu.values()) if name == "all" else cpu.get(name, 0.0)
-                share = "" if name == "all" else f" ({v / sum(cpu.values()):.0%})"
-                cells.append(f"{v:.2f}{share}" if v > 0.005 else "")
-            rows.append(cells)
-        print("\nprofile: CPU ms per update by process (share of all)\n")
-        print(md_table([""] + [f"{labels.get(path, path)} ({p['ms_per_update']:.2f} ms per update)"
-                               for path, p in profiles.items()], rows))
-    for path, p in profiles.items():
-        if "parts" in p:
-            print(f"\nprofile, {path}:")
-            print("  median ms: " + ", ".join(f"{k} {v['median_ms']:.3f} (n {v['n']})" for k, v in p["parts"].items())
-                  + f"; a push's round trip ({'as its worker sees it' if path.startswith('direct') else 'the driver waiting for the shard'}) "
-                  f"{p['transport']['push_ms_median']:.3f}")
-    print(f"\nload average {out['load_before']} -> {out['load_after']}; {out['machine']}")
+        r = s[name]
+        rows.append([label, f"{r['ms_per_update']:.2f}", f"{r['cpu_ms_per_update']:.2f}", f"{r['ratio_vs_local']:.2f}",
+                     f"{r['overhead_ms']:.2f} ms", f"{r['overhead_in_round_trips']:.1f}"])
+    small = common.page_table(f"digits mlp, dcasgd-a, M = {M}, batch 128, one shard (medians of {rounds} interleaved "
+                              "round(s))", ["runtime", "ms per update", "CPU ms per update", "Ray / local",
+                                            "overhead per update", "in bare round trips"], rows)
+    agn = out["agn_mlp"]
+    large = common.page_table(
+        f"agn-mlp, AGN window 10, M = {M} (Ray calls: 19 MB of weights; medians of {rounds} round(s))",
+        ["runtime", "samples/s", "Ray / local, by round"],
+        [["local", f"{med(agn['local'], 'samples_per_s'):,.0f}", ""],
+         ["ray", f"{med(agn['ray'], 'samples_per_s'):,.0f}",
+          ", ".join(f"{r['samples_per_s'] / lo['samples_per_s']:.2f}" for lo, r in zip(agn["local"], agn["ray"]))]])
+    size = common.page_table("An actor -> actor call carrying the message both ways, median ms",
+                             ["message", "Ray call", "the shard's socket"],
+                             [[f"{t['message_bytes'] / 1e6:.2f} MB", f"{t['ray_call_ms']:.2f}", f"{t['socket_ms']:.2f}"]
+                              for t in out["transport_by_size"]])
+    return [small, large, size]
+
+
+def notes(out: dict) -> list[str]:
+    rt = out["round_trip"]
+    return [f"A bare round trip: driver -> actor {rt['driver_to_actor_ms']:.3f} ms, actor -> actor "
+            f"{rt['actor_to_actor_ms']:.3f} ms; with a {rt['message_bytes'] / 1000:.0f} KB message both ways "
+            f"{rt['actor_to_actor_with_message_ms']:.3f} ms ({rt['actor_to_actor_with_message_cpu_ms']:.2f} CPU ms, "
+            f"all processes). Ray / local on agn-mlp: {out['summary']['agn_mlp_ratio_vs_local']:.2f}."]
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,7 @@
-"""3. Vectorised simulation: samples/s with and without Simulator(vectorised=True).
+"""Vectorised simulation: samples/s with and without Simulator(vectorised=True).
+
+    .venv/bin/python benchmarks/vectorised.py --quick   # make bench: logreg and mlp, one round
+    .venv/bin/python benchmarks/vectorised.py           # also cnn and agn-mlp, three rounds
 
 asgd on M = 16 round-robin workers (every 16 events, one batched call
 computes 16 gradients), the same run both ways, timed interleaved, on two
@@ -131,30 +134,40 @@ def run(quick: bool = False) -> dict:
     ok = {kind: all(r["speedup"] >= TARGET for r in rows if r["model"] in TARGET_MODELS and r["data"] == src)
           for kind, src in (("synthetic", data["synthetic"][2]), ("mnist-shaped", images[2]))}
     return {"rows": rows, "batch": BATCH, "first_call_s": first_call_s, "second_call_s": second_call_s,
-            "mlp_sensitivity_1e-7": noise,
-            "targets": {f"vectorised / one-by-one >= 2 (logreg, mlp; M = 16; {k})": v for k, v in ok.items()},
-            "table": table(rows, first_call_s, second_call_s) + (
-                f"\nfor scale: one-by-one mlp runs whose initial weights differ by a factor 1+1e-7 end "
-                f"{noise:.1e} apart (max |w diff|) after the same {budget[('mnist-shaped', 'mlp')]} samples")}
+            "mlp_sensitivity_1e-7": noise, "sensitivity_samples": budget[(kind, model)],
+            "targets": {f"vectorised / one-by-one >= 2 (logreg, mlp; M = 16; {k})": v for k, v in ok.items()}}
 
 
-def table(rows: list[dict], first_call_s: float, second_call_s: float) -> str:
+def table(rows: list[dict]) -> dict:
     cols = ["data", "model", "params", "M", "one-by-one samples/s", "vectorised samples/s",
-            "speedup (>=2 logreg, mlp)", "gradients alone: speedup", "same tau sequence", "max |w diff|"]
+            "speed-up (>= 2 logreg, mlp)", "gradients alone: speed-up", "same tau sequence", "max abs w diff"]
     body = []
     for r in rows:
         mark = common.verdict(r["speedup"] >= TARGET) if r["model"] in TARGET_MODELS else "-"
-        body.append([r["data"], r["model"], f"{r['params']:,}", r["workers"], f"{r['one_by_one_samples_per_s']:.0f}",
-                     f"{r['vectorised_samples_per_s']:.0f}", f"{r['speedup']:.2f} {mark}",
+        body.append([r["data"], r["model"], f"{r['params']:,}", r["workers"], f"{r['one_by_one_samples_per_s']:,.0f}",
+                     f"{r['vectorised_samples_per_s']:,.0f}", f"{r['speedup']:.2f} {mark}",
                      f"{r['gradient_speedup']:.2f}",
                      "yes" if r["same_tau_sequence"] else "NO", f"{r['max_weight_diff']:.1e}"])
-    return common.table(cols, body) + (
-        f"\nfirst batched call in a fresh process (torch.func's set-up; excluded above by a warm-up run): "
-        f"{first_call_s:.2f} s wall, the second {second_call_s * 1e3:.1f} ms (logreg, 16 workers)")
+    return common.page_table(f"asgd, M = {WORKERS}, batch {BATCH}: one worker at a time against vectorised", cols, body)
+
+
+def notes(result: dict) -> list[str]:
+    return [f"The first batched call in a fresh process (torch.func's set-up, left out above by a warm-up run) took "
+            f"{result['first_call_s']:.2f} s, the second {result['second_call_s'] * 1e3:.1f} ms (logreg, 16 workers).",
+            f"For scale: two one-by-one mlp runs whose initial weights differ by a factor 1 + 1e-7 end "
+            f"{result['mlp_sensitivity_1e-7']:.1e} apart (max abs w diff) after the same "
+            f"{result['sensitivity_samples']:,} samples."]
+
+
+def main(argv=None) -> int:
+    ap = common.options(__doc__)
+    args = ap.parse_args(argv)
+    common.settle(ap, args)
+    bench = common.Benchmark("vectorised", args.quick)
+    result = run(args.quick)
+    bench.finish([table(result["rows"])], result, notes=notes(result))
+    return 0
 
 
 if __name__ == "__main__":
-    ap = common.options(__doc__)
-    args = ap.parse_args()
-    common.settle(ap, args)
-    common.show(run(args.quick))
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Throughput of ``--runtime ray`` against ``--runtime local`` on the same configuration, in one run.
 
-    .venv/bin/python benchmarks/bench_ray.py                 # ~3 min on a quiet 2-core machine
-    .venv/bin/python benchmarks/bench_ray.py --epochs 0.5    # a quicker look
+    .venv/bin/python benchmarks/archive/bench_ray.py                 # ~3 min on a quiet 2-core machine
+    .venv/bin/python benchmarks/archive/bench_ray.py --epochs 0.5    # a quicker look
 
 For agn-mlp on Fashion-MNIST (synthetic 1x28x28 data of the same size when it
 is not installed), batch 128, AGN with local Adam and window 10 and 40, M = 2
@@ -15,11 +15,11 @@ It also times one pull and one push through Ray's object store against a
 server shard of 4.8M parameters (agn-mlp's size), the per-update transport
 cost, and reports the bytes of weights one message moves.
 
-Writes benchmarks/results/ray.json and prints a markdown table.
+Writes benchmarks/archive/results/ray.json and prints a markdown table.
 
 Since issue 33 a one-shard run of an asynchronous rule takes Ray's direct path; ``--small`` still
 profiles the driver's path (its runtimes make ``driver.Driver`` subclasses), as in issue 19.
-``benchmarks/ray_overhead.py`` compares both paths with the local runtime and a bare round trip.
+``benchmarks/archive/ray_overhead.py`` compares both paths with the local runtime and a bare round trip.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The hole in the messages when a worker's node dies, on a two-node Ray cluster on this machine.
 
-    .venv/bin/python benchmarks/ray_node_loss.py            # ~1-2 min on the 2-core machine
+    .venv/bin/python benchmarks/archive/ray_node_loss.py            # ~1-2 min on the 2-core machine
 
 A ``ray.cluster_utils.Cluster``: a head (2 CPUs, the server shard and worker 0) and node b (1 CPU,
 worker 1). asgd with 2 workers, logreg on three Gaussian blobs, batch 8; at epoch 1 node b is removed
@@ -13,7 +13,7 @@ wait. Two settings:
 - ``default``: the driver sees that no node has room (``connect.room_for``) and gives the lost
   worker's samples to the survivor at once.
 
-Prints one line per setting and writes benchmarks/results/ray_node_loss.json.
+Prints one line per setting and writes benchmarks/archive/results/ray_node_loss.json.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tuning aid (not part of run_all): push time per rule against server.CHUNK.
 
-    .venv/bin/python benchmarks/chunk_sweep.py [--threads N]
+    .venv/bin/python benchmarks/archive/chunk_sweep.py [--threads N]
 
 For 1M and 10M float32 parameters, times ParameterServer.push for asgd and
 dcasgd-a with chunks of 2^14 .. 2^20 elements and without chunking, rounds

@@ -1,7 +1,7 @@
 """Simulated cluster: accuracy, staleness and virtual time past one machine (M = 16 to 256 workers).
 
-    .venv/bin/python benchmarks/sim_cluster.py                  # the full grid, a few minutes
-    .venv/bin/python benchmarks/sim_cluster.py --quick --out -  # a smoke run, nothing written
+    .venv/bin/python benchmarks/archive/sim_cluster.py                  # the full grid, a few minutes
+    .venv/bin/python benchmarks/archive/sim_cluster.py --quick --out -  # a smoke run, nothing written
 
 For every delay model, number of workers M and algorithm, and for every seed,
 one ``stalegrad.train`` on the deterministic simulator

@@ -1,7 +1,7 @@
 """The table of docs/results/delay_models.md: every family under every delay model (issue 21).
 
-    python benchmarks/delay_models.py runs/delays_gradient runs/delays_commit
-    python benchmarks/delay_models.py --stability     # the linear check of the lockstep effect
+    python benchmarks/archive/delay_models.py runs/delays_gradient runs/delays_commit
+    python benchmarks/archive/delay_models.py --stability     # the linear check of the lockstep effect
 
 reads the finished runs of the two grids (experiments/delays_gradient.toml, delays_commit.toml) and
 prints, per algorithm and setting (rows) and delay model (columns), the final test accuracy: the mean

@@ -1,8 +1,8 @@
 """AGN on Fashion-MNIST: the effect of the weight initialisation, and of the delay model.
 
-    .venv/bin/python benchmarks/init_effect.py --epochs 4              # everything, about 30 min on 2 cores
-    .venv/bin/python benchmarks/init_effect.py --epochs 0.1 --seeds 1 --out - --no-plot   # a smoke run
-    .venv/bin/python benchmarks/init_effect.py --report                # tables and plot from the JSON
+    .venv/bin/python benchmarks/archive/init_effect.py --epochs 4              # everything, about 30 min on 2 cores
+    .venv/bin/python benchmarks/archive/init_effect.py --epochs 0.1 --seeds 1 --out - --no-plot   # a smoke run
+    .venv/bin/python benchmarks/archive/init_effect.py --report                # tables and plot from the JSON
 
 The AGN paper (Hermans et al. 2017) trained its 784-1000-2000-1000-10 MLP
 (``agn-mlp``) with Keras 2.0's defaults: glorot-uniform weights, zero biases,
@@ -18,7 +18,7 @@ on Fashion-MNIST (60,000 train / 10,000 test), in four parts:
 3. the delay model at n = 40, window 40, glorot-uniform, seed 0: uniform (the part-1 run,
    not repeated), gamma:2, exponential;
 4. the local runtime (real processes) at n = 2, window 40, glorot-uniform, seed 0, with its push
-   order recorded to ``benchmarks/results/init_effect_local_n2.csv``, next to the simulator's
+   order recorded to ``benchmarks/archive/results/init_effect_local_n2.csv``, next to the simulator's
    run (uniform delays) of the same configuration.
 
 Per run the JSON keeps the curve (epoch, virtual_s, wall_s, test_acc, tau_mean at every

@@ -2,12 +2,12 @@
 
 Two steps, each rerunnable on its own:
 
-    python benchmarks/delay_traces.py record     # the real runs: --record-trace of local and ray runs
-    python benchmarks/delay_traces.py analyse    # statistics, fits, JSON and the figure
+    python benchmarks/archive/delay_traces.py record     # the real runs: --record-trace of local and ray runs
+    python benchmarks/archive/delay_traces.py analyse    # statistics, fits, JSON and the figure
 
 ``record`` runs ``stalegrad train --record-trace`` for every entry of ``RUNS`` (asgd, Fashion-MNIST,
 the mlp, batch 128: one push per mini-batch) and writes each trace to
-``benchmarks/results/delay_traces/<name>.csv`` with the machine's load beside it
+``benchmarks/archive/results/delay_traces/<name>.csv`` with the machine's load beside it
 (``<name>.json``). The heterogeneous runs slow one worker for real: ``nice`` renices worker 0
 (the forkserver's first child: the local runtime starts worker 0 first) to nice +10 once it runs.
 
@@ -17,7 +17,7 @@ draws: one message's duration), how far the order of pushes is from lockstep, an
 (total variation, Kolmogorov-Smirnov) between the trace's tau histogram and the tau histogram the
 simulator produces at the same M under each delay model (its event loop's schedule, replayed here
 without training: same heap, same tie-break, same draws). It writes
-``benchmarks/results/delay_traces.json`` and ``docs/results/delay_traces.png``.
+``benchmarks/archive/results/delay_traces.json`` and ``docs/results/delay_traces.png``.
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ run itself (summary.json's wall_s, the training loop without the import and the 
 - ``threads``: 1 thread, every core, and the measured default (``auto``), on the machine as it is
   (``quiet``) and with ``--hogs K`` busy processes beside it (``busy``), interleaved in rounds.
 
-    python benchmarks/sim_threads.py                 # both parts, results/sim_threads.json
-    python benchmarks/sim_threads.py --part threads --hogs 2 --rounds 2
+    python benchmarks/archive/sim_threads.py                 # both parts, results/sim_threads.json
+    python benchmarks/archive/sim_threads.py --part threads --hogs 2 --rounds 2
 
-Results: docs/performance.md, "Reproducible bits" and "Threads under load".
+Results: benchmarks/archive/NOTES.md, "Reproducible bits" and "Threads under load".
 """
 from __future__ import annotations
 

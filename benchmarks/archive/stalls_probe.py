@@ -1,8 +1,8 @@
-"""Diagnostics behind docs/performance.md, "Stalls" (issue 11 part 4); not part of run_all.py.
+"""Diagnostics behind benchmarks/archive/NOTES.md, "Stalls" (issue 11 part 4); not part of run_all.py.
 
-    .venv/bin/python benchmarks/stalls_probe.py threads dcasgd-c
+    .venv/bin/python benchmarks/archive/stalls_probe.py threads dcasgd-c
         # 1 vs 2 threads, lr 0.1 (diverges) vs 0.01 (learns), (CPU s, wall s) per 1/8 epoch, in one process
-    .venv/bin/python benchmarks/stalls_probe.py subnormals dcasgd-c 0 4
+    .venv/bin/python benchmarks/archive/stalls_probe.py subnormals dcasgd-c 0 4
         # one thread, flush off (0) or on (1), 4 epochs: subnormal floats counted at every step in the
         # weights loaded, every layer's output and output gradient, and the flat gradient
 

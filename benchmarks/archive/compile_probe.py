@@ -1,8 +1,8 @@
-"""Why the earlier torch.compile attempt at DC-ASGD-a took 42 ms (docs/performance.md, section 1):
+"""Why the earlier torch.compile attempt at DC-ASGD-a took 42 ms (benchmarks/archive/NOTES.md, section 1):
 the rule compiled as a function returning new tensors, against the same rule writing into
 existing buffers, 10M float32 parameters. Needs a C++ compiler (inductor). T=threads.
 
-    T=1 .venv/bin/python benchmarks/compile_probe.py
+    T=1 .venv/bin/python benchmarks/archive/compile_probe.py
 """
 import os
 import time

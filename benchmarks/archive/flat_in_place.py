@@ -6,10 +6,10 @@ parameters views of that vector instead. This measures one AGN commit (window 10
 agn-mlp, batch 128, Fashion-MNIST or synthetic data of its shape) both ways in one process, the two
 alternating round by round (ABBA), M workers in turn sharing one model as the simulator runs them:
 
-    .venv/bin/python benchmarks/flat_in_place.py [--workers 8 40] [--rounds 7] [--quick]
+    .venv/bin/python benchmarks/archive/flat_in_place.py [--workers 8 40] [--rounds 7] [--quick]
 
 Prints ms per commit by round, the medians (the first round left out: first touch of the workers'
-state) and in place / copied; writes benchmarks/results/flat_in_place.json. The bits are the same both
+state) and in place / copied; writes benchmarks/archive/results/flat_in_place.json. The bits are the same both
 ways (checked here on the first commit of every worker).
 """
 from __future__ import annotations

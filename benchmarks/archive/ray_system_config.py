@@ -1,7 +1,7 @@
 """Whether a head started with ``--system-config='{"max_direct_call_object_size": 1048576}'`` carries a small
 model's messages inside Ray's task messages, as the local instance that ``--runtime ray`` starts does.
 
-    .venv/bin/python benchmarks/ray_system_config.py     # about a minute: two heads, one after the other
+    .venv/bin/python benchmarks/archive/ray_system_config.py     # about a minute: two heads, one after the other
 
 For Ray's default and for the 1 MiB limit, it starts a head as docs/cluster.md does (``ray start --head
 --block``, token authentication, in a temporary HOME and temp dir, on a free port), joins it from a child

@@ -6,7 +6,7 @@ for a gradient rule (asgd: g_now, the exact Hessian diagonal, the fixed batch's 
 probe) and a commit rule (agn, window 10: the fixed batch's gradient per probe). Fashion-MNIST,
 the mlp (235k parameters), M = 8, batch 128. Also checks that every run ends with the same weights.
 
-    .venv/bin/python benchmarks/probe_overhead.py            # ~3 minutes on 2 busy cores
+    .venv/bin/python benchmarks/archive/probe_overhead.py            # ~3 minutes on 2 busy cores
 """
 from __future__ import annotations
 
