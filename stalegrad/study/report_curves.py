@@ -10,6 +10,9 @@ from .report_time import modelled_te
 
 WINDOW_S = 5.0          # the workers variant: training accuracy averaged over windows of real time
 TIMES = ("wall_s", "virtual_s", "samples")
+LEGEND_INSIDE = 10      # more labelled lines than this: the legend goes beside the axes, off every curve (as
+                        # report_target.py does for accuracy_vs_time.png)
+LEGEND_MAX = 20         # and names this many (the palette has 20 colours; report.md's tables name every group)
 
 
 def _finite(x) -> bool:
@@ -77,3 +80,22 @@ def pair_efficiency(variant: str):
         return lambda a, b: modelled_te(a, b, a["time_scale"], b["time_scale"])
     curve = workers_curve if variant == "workers" else central_curve
     return lambda a, b: temporal_efficiency(curve(a), curve(b))
+
+
+def place_legend(fig, ax, fontsize: float = 8):
+    """The legend of ``ax``'s labelled lines, never drawn over the plots: inside ``ax``, where matplotlib finds
+    room, for up to LEGEND_INSIDE lines; beyond, beside the axes on the right, naming the first LEGEND_MAX lines
+    and how many more, with the figure widened by the legend's width so that the caller's ``tight_layout``
+    keeps the plots their size."""
+    handles, labels = ax.get_legend_handles_labels()
+    if len(handles) <= LEGEND_INSIDE:
+        return ax.legend(fontsize=fontsize)
+    if len(handles) > LEGEND_MAX:
+        from matplotlib.lines import Line2D
+        more = len(handles) - LEGEND_MAX
+        handles = handles[:LEGEND_MAX] + [Line2D([], [], linestyle="none")]
+        labels = labels[:LEGEND_MAX] + [f"... and {more} more (report.md's tables name every group)"]
+    legend = ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width + legend.get_window_extent(fig.canvas.get_renderer()).width / fig.dpi + 0.3, height)
+    return legend
