@@ -27,11 +27,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
 
 from stalegrad.core.delays import parse_delay                      # noqa: E402
-from stalegrad.run.files import (CONFIG_LIMIT, JSON_LIMIT, JSONL_LIMIT, UnreadableFile,  # noqa: E402
-                                 read_parsed, read_text)
+from stalegrad.run.files import UnreadableFile, read_text         # noqa: E402
 from stalegrad.run.results import DamagedRun, read_summary          # noqa: E402
+from findings_rows import Damaged, read_input   # noqa: E402  (one reader for both study pages)
 from stalegrad.study.grid import toml_value                       # noqa: E402
 from stalegrad.study.report_curves import time_to_target           # noqa: E402
 from stalegrad.study.selection import run_failure                  # noqa: E402
@@ -42,18 +43,6 @@ RUNS = ROOT / "runs" / "speed"
 STAGES = ("select", "report", "mechanism", "local")
 TRAIN_SAMPLES = 50000          # Fashion-MNIST's 60,000 training samples less the 10,000 held out
 CURVE_KEYS = ("epoch", "samples", "virtual_s", "wall_s", "val_acc", "test_acc")
-
-
-class Damaged(Exception):
-    """An input of a stage or of the page that cannot be read, or lacks what is read of it: one line naming it."""
-
-
-def read_input(path: Path, kind: str):
-    """The parsed ``path`` (``kind``: toml, json or jsonl), read by stalegrad's bounded reader; ``Damaged`` if not."""
-    try:
-        return read_parsed(path, {"toml": CONFIG_LIMIT, "json": JSON_LIMIT, "jsonl": JSONL_LIMIT}[kind], kind)
-    except UnreadableFile as e:
-        raise Damaged(f"{path} {e.reason}") from None
 
 
 def load_plan(path: Path = PLAN) -> dict:

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import experiment
+from test_findings import CLAIM, CLAIMS_HEAD
 from stalegrad.cli import main
 from stalegrad.cli.report import report
 from stalegrad.run.files import UnreadableFile, loads_json, loads_toml, read_parsed
@@ -116,29 +117,8 @@ def test_report_on_damaged_runs_alone_is_one_line_exit_2_and_writes_nothing(runs
 findings = experiment("findings")
 speed = experiment("speed")
 
-CLAIMS = """[rules]
-alpha = 0.05
-level = 0.95
-chance = 0.10
-failed_at_most = 0.15
-
-[seeds]
-three = [1, 2, 3]
-
-[[claim]]
-id = "X1"
-question = "Q"
-text = "x ahead of y"
-seeds = "three"
-a = { grid = "g", algo = "x" }
-b = { grid = "g", algo = "y" }
-cells = [{ workers = 4 }]
-direction = 1
-paper = "-"
-
-[thesis]
-cells = []
-"""
+# one claim, as tests/test_findings.py writes its plans
+CLAIMS = CLAIMS_HEAD.lstrip().replace("{claims}", CLAIM.format(id="X1", a="x"))
 
 
 @pytest.fixture
