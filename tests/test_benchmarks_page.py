@@ -44,7 +44,7 @@ def test_every_script_of_the_suite_has_its_block_on_the_page_and_its_results():
 def test_every_result_file_says_where_and_under_which_load_it_was_measured():
     suite = json.loads((BENCH / "results" / "run_all.json").read_text())
     assert [s["benchmark"] for s in suite["scripts"]] == run_all.NAMES
-    assert suite["seconds"] >= sum(s["seconds"] for s in suite["scripts"])
+    assert suite["seconds"] >= sum(s["seconds"] for s in suite["scripts"]) - 1e-6   # (each figure rounded: a float sum)
     for name in run_all.NAMES:
         path = BENCH / "results" / f"{name}.json"
         if not path.exists():
