@@ -218,7 +218,7 @@ def test_local_without_a_profile_records_none_and_paces_nothing(tmp_path):
 
 def test_the_automatic_step_time_is_measured_and_recorded(tmp_path):
     assert main(["train", "--runtime", "local", "--workers", "2", "--delay", "heterogeneous:linear", "--dataset",
-                 "digits", "--model", "logreg", "--epochs", "2", "-q", "--out", str(tmp_path / "run")]) == 0
+                 "digits", "--model", "logreg", "--epochs", "8", "-q", "--out", str(tmp_path / "run")]) == 0
     pace = json.loads((tmp_path / "run" / "summary.json").read_text())["pacing"]
     assert pace["step_time_source"] == "auto" and pace["measured_step_s"] > 0
     cores = __import__("os").cpu_count()
